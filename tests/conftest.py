@@ -1,0 +1,23 @@
+"""Test set-up: offline hubs, caches in a temp dir, the project root importable."""
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+# Before anything imports transformers/datasets: never wait on the network, never write to ~/.cache.
+_CACHE = tempfile.mkdtemp(prefix="gpt2-test-cache-")
+for key, value in {
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "WANDB_MODE": "disabled",
+    "HF_HOME": os.path.join(_CACHE, "hf"),
+    "XDG_CACHE_HOME": _CACHE,
+    "MPLCONFIGDIR": os.path.join(_CACHE, "mpl"),
+    "TORCHINDUCTOR_CACHE_DIR": os.path.join(_CACHE, "inductor"),
+    "TOKENIZERS_PARALLELISM": "false",
+}.items():
+    os.environ[key] = value
