@@ -319,3 +319,32 @@ def convert_hf_state_dict(hf_sd: dict, our_sd: dict) -> dict:
             raise ValueError(f"{key}: shape {tuple(theirs.shape)} does not fit ours {tuple(ours.shape)}")
         out[key] = theirs.detach().to(dtype=ours.dtype).contiguous()
     return out
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Checkpoints
+
+
+def load_checkpoint(path: str | os.PathLike) -> dict:
+    """A checkpoint written by this script: plain tensors and dicts, loaded without running any code."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # truncated file, not a torch file, or pickled objects weights_only refuses
+        raise ValueError(f"{path} is not a readable checkpoint of this script ({type(e).__name__}: {e})") from None
+    if not isinstance(ckpt, dict) or "model" not in ckpt or "model_config" not in ckpt:
+        raise ValueError(f"{path} is not a checkpoint of this script (no 'model' / 'model_config' entries)")
+    return ckpt
+
+
+def load_model(source: str, device: str = "cpu") -> GPT:
+    """A model from one of our checkpoints (a file), a local Hugging Face directory, or a GPT-2 hub name."""
+    if Path(source).is_file() or str(source).endswith(".pt"):
+        ckpt = load_checkpoint(source)
+        model = GPT(GPTConfig(**ckpt["model_config"]))
+        model.load_state_dict(ckpt["model"])
+    else:
+        model = GPT.from_pretrained(str(source))
+    return model.to(device)
