@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import bisect
 import dataclasses
 import functools
 import hashlib
@@ -39,6 +40,123 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 HERE = Path(__file__).resolve().parent
+
+# ----------------------------------------------------------------------------------------------------------
+# Configuration
+
+
+@dataclass
+class GPTConfig:
+    block_size: int = 1024  # maximum context length (rows of the position table)
+    vocab_size: int = 50257  # rows of the token table; 50304 (a multiple of 128) trains faster from scratch
+    n_layer: int = 12  # transformer blocks
+    n_head: int = 12  # attention heads per block
+    n_embd: int = 768  # residual stream width
+
+    def __post_init__(self):
+        for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"GPTConfig.{name} must be a positive integer, got {value!r}")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+
+
+def opt(default, help: str):
+    """A TrainConfig field: its default and the --help text of its command-line flag."""
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class TrainConfig:
+    # data and output
+    data_root: str = opt("edu_fineweb10B", "directory of fineweb.py shards ({prefix}_{val|train}_{i:06d}.npy)")
+    log_dir: str = opt("log", "where log.txt, header.txt, checkpoints and curves.png go")
+    shuffle_shards: bool = opt(False, "permute the train shard order every epoch (seeded, same on all ranks)")
+    # model (from scratch; --init_from loads a shape instead)
+    n_layer: int = opt(12, "transformer blocks")
+    n_head: int = opt(12, "attention heads")
+    n_embd: int = opt(768, "residual width")
+    block_size: int = opt(1024, "maximum context length")
+    vocab_size: int = opt(50304, "token table rows: 50257 real ids padded to a multiple of 128 for speed")
+    init_from: str = opt("scratch", "scratch | gpt2 | gpt2-medium | ... | HF_DIR | CHECKPOINT.pt (weights only)")
+    # batch
+    batch_size: int = opt(64, "micro-batch B: sequences per forward pass per process")
+    seq_len: int = opt(1024, "sequence length T of a training row")
+    total_batch_size: int = opt(524288, "tokens per optimizer step, over all processes and micro-steps")
+    # optimization
+    max_steps: int = opt(19073, "optimizer steps to run (19,073 x 524,288 tokens = 10B)")
+    lr_decay_steps: Optional[int] = opt(None, "step where the cosine reaches min_lr (default: max_steps)")
+    warmup_steps: int = opt(715, "linear warmup steps")
+    max_lr: float = opt(6e-4, "peak learning rate")
+    min_lr_ratio: float = opt(0.1, "final learning rate as a fraction of max_lr")
+    weight_decay: float = opt(0.1, "AdamW decay on matrices and embeddings (not biases or norms)")
+    grad_clip: float = opt(1.0, "clip the global gradient norm to this (0: no clipping)")
+    skip_nonfinite: bool = opt(False, "skip an update with a non-finite loss or grad norm instead of stopping")
+    # evaluation and output intervals (0 disables)
+    eval_interval: int = opt(250, "steps between validation losses")
+    val_tokens: int = opt(10485760, "tokens of val loss (a multiple of seq_len), the same for any world size")
+    hellaswag_interval: int = opt(250, "steps between HellaSwag evaluations")
+    hellaswag_data: str = opt("", "HellaSwag jsonl (default: the official val split, downloaded once)")
+    hellaswag_limit: int = opt(0, "score only the first N examples (0: all 10,042)")
+    sample_interval: int = opt(250, "steps between printed samples")
+    sample_prompt: str = opt("Hello, I'm a language model,", "prompt of the printed samples")
+    ckpt_interval: int = opt(5000, "steps between checkpoints (one is always written at the end)")
+    keep_last: int = opt(0, "keep only the newest K checkpoints (0: keep all)")
+    resume: str = opt("", "'' (fresh run) | auto (newest valid checkpoint in log_dir, else fresh) | PATH")
+    # runtime
+    device: str = opt("auto", "auto (cuda > mps > cpu) | cpu | cuda | cuda:N | mps")
+    dtype: str = opt("auto", "auto (bfloat16 on CUDA, else float32) | bfloat16 | float32: autocast dtype")
+    compile: str = opt("auto", "torch.compile the training model: auto (on for CUDA) | true | false")
+    seed: int = opt(1337, "seed of the initial weights, shuffling and samples")
+    overfit_batch: bool = opt(False, "train on one fixed batch (a sanity check: the loss must go to ~0)")
+    peak_flops: float = opt(0.0, "peak FLOP/s of one device for MFU (0: look up the GPU; none on CPU)")
+    wandb_project: str = opt("", "log to this Weights & Biases project (needs `pip install wandb`)")
+
+    def __post_init__(self):
+        positive = ["n_layer", "n_head", "n_embd", "block_size", "vocab_size", "batch_size", "seq_len",
+                    "total_batch_size", "max_steps"]
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ValueError(f"--{name} must be positive, got {getattr(self, name)}")
+        non_negative = ["warmup_steps", "eval_interval", "hellaswag_interval", "hellaswag_limit", "sample_interval",
+                        "ckpt_interval", "keep_last", "weight_decay", "grad_clip", "peak_flops", "val_tokens"]
+        for name in non_negative:
+            if getattr(self, name) < 0:
+                raise ValueError(f"--{name} must be >= 0, got {getattr(self, name)}")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"--n_embd ({self.n_embd}) must be divisible by --n_head ({self.n_head})")
+        if self.seq_len > self.block_size:
+            raise ValueError(f"--seq_len ({self.seq_len}) exceeds --block_size ({self.block_size})")
+        if self.total_batch_size % (self.batch_size * self.seq_len):
+            raise ValueError(f"--total_batch_size ({self.total_batch_size}) must be divisible by batch_size x "
+                             f"seq_len ({self.batch_size} x {self.seq_len} = {self.batch_size * self.seq_len})")
+        if self.lr_decay_steps is not None and self.lr_decay_steps <= 0:
+            raise ValueError(f"--lr_decay_steps must be positive, got {self.lr_decay_steps}")
+        if not 0 < self.max_lr < 1 or not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"need 0 < max_lr < 1 and 0 <= min_lr_ratio <= 1, got {self.max_lr}, {self.min_lr_ratio}")
+        if self.val_tokens % self.seq_len:
+            raise ValueError(f"--val_tokens ({self.val_tokens}) must be a multiple of --seq_len ({self.seq_len})")
+        for name, allowed in (("dtype", ("auto", "bfloat16", "float32")), ("compile", ("auto", "true", "false"))):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"--{name} must be one of {'|'.join(allowed)}, got {getattr(self, name)!r}")
+
+
+PRESETS = {
+    # The reference recipe: GPT-2 124M on 10B FineWeb-Edu tokens (the TrainConfig defaults, spelled out).
+    "gpt2-124M": dict(data_root="edu_fineweb10B", n_layer=12, n_head=12, n_embd=768, block_size=1024,
+                      vocab_size=50304, batch_size=64, seq_len=1024, total_batch_size=524288, max_steps=19073,
+                      warmup_steps=715, max_lr=6e-4, min_lr_ratio=0.1, weight_decay=0.1, grad_clip=1.0,
+                      eval_interval=250, val_tokens=10485760, hellaswag_interval=250, sample_interval=250,
+                      ckpt_interval=5000),
+    # A small model on input.txt (`python fineweb.py --local input.txt --out_dir data/shakespeare`): a few
+    # minutes on a 2-core CPU, val loss from ~10.8 to well under 7. The unpadded vocabulary: no GPU to align to.
+    "shakespeare": dict(data_root="data/shakespeare", log_dir="log/shakespeare", n_layer=4, n_head=4, n_embd=128,
+                        block_size=128, vocab_size=50257, batch_size=16, seq_len=128, total_batch_size=4096,
+                        max_steps=150, warmup_steps=15, max_lr=3e-3, eval_interval=50, val_tokens=16384,
+                        hellaswag_interval=0, sample_interval=75, ckpt_interval=150, device="cpu"),
+}
+
 
 # ----------------------------------------------------------------------------------------------------------
 # Tokenizer: the GPT-2 BPE built from a vendored vocabulary file, so it never touches the network.
@@ -70,23 +188,6 @@ def get_tokenizer(vocab_file: str | os.PathLike = GPT2_VOCAB_FILE):
 
 # ----------------------------------------------------------------------------------------------------------
 # Model
-
-
-@dataclass
-class GPTConfig:
-    block_size: int = 1024  # maximum context length (rows of the position table)
-    vocab_size: int = 50257  # rows of the token table; 50304 (a multiple of 128) trains faster from scratch
-    n_layer: int = 12  # transformer blocks
-    n_head: int = 12  # attention heads per block
-    n_embd: int = 768  # residual stream width
-
-    def __post_init__(self):
-        for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"GPTConfig.{name} must be a positive integer, got {value!r}")
-        if self.n_embd % self.n_head:
-            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
 
 
 class KVCache:
@@ -322,6 +423,277 @@ def convert_hf_state_dict(hf_sd: dict, our_sd: dict) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------------------
+# Data: fineweb.py's uint16 shards, memory-mapped and read as one continuous token stream per split
+
+
+def list_shards(data_root: str | os.PathLike, split: str) -> list[Path]:
+    """The `split` shards of data_root ({prefix}_{split}_{index:06d}.npy), in index order."""
+    root = Path(data_root)
+    if not root.is_dir():
+        raise FileNotFoundError(
+            f"data directory {root} does not exist; create it with `python fineweb.py` "
+            f"(or `python fineweb.py --local input.txt --out_dir {root}` for the built-in corpus)"
+        )
+    shards = sorted(p for p in root.glob("*.npy") if f"_{split}_" in p.name)  # zero-padded index: name order
+    if not shards:
+        raise FileNotFoundError(f"no '{split}' shards (*_{split}_*.npy) in {root}; run fineweb.py to make them")
+    return shards
+
+
+def open_shard(path: Path) -> np.ndarray:
+    """Memory-map one shard: pages are read on demand, the shard is never copied into memory whole."""
+    try:
+        tokens = np.load(path, mmap_mode="r", allow_pickle=False)
+    except Exception as e:
+        raise ValueError(f"{path} is not a readable .npy shard ({type(e).__name__}: {e})") from None
+    if tokens.dtype != np.uint16 or tokens.ndim != 1:
+        raise ValueError(f"{path}: expected a 1-D uint16 token array as fineweb.py writes, got {tokens.dtype} {tokens.shape}")
+    return tokens
+
+
+class TokenStream:
+    """A list of shards read as one sequence of tokens; `read` copies only the tokens asked for."""
+
+    def __init__(self, shards: list[np.ndarray], names: list[str]):
+        self.shards, self.names = shards, names
+        self.offsets = np.cumsum([0] + [len(s) for s in shards]).tolist()  # stream position of each shard
+
+    @classmethod
+    def from_split(cls, data_root: str | os.PathLike, split: str) -> "TokenStream":
+        paths = list_shards(data_root, split)
+        return cls([open_shard(p) for p in paths], [p.name for p in paths])
+
+    def __len__(self) -> int:
+        return self.offsets[-1]
+
+    def read(self, start: int, n: int) -> np.ndarray:
+        """Tokens [start, start+n) of the stream, across shard boundaries when needed."""
+        if start < 0 or start + n > len(self):
+            raise IndexError(f"read [{start}, {start + n}) outside a stream of {len(self)} tokens")
+        out = np.empty(n, dtype=np.uint16)
+        i, filled = bisect.bisect_right(self.offsets, start) - 1, 0
+        while filled < n:
+            lo = start + filled - self.offsets[i]
+            take = min(n - filled, len(self.shards[i]) - lo)
+            out[filled : filled + take] = self.shards[i][lo : lo + take]
+            filled, i = filled + take, i + 1
+        return out
+
+    def shards_at(self, start: int, n: int) -> list[str]:
+        """Names of the shards that tokens [start, start+n) come from (for error messages)."""
+        first = bisect.bisect_right(self.offsets, start) - 1
+        last = bisect.bisect_right(self.offsets, start + n - 1) - 1
+        return self.names[first : last + 1]
+
+
+def check_token_ids(tokens: np.ndarray, vocab_size: Optional[int], where: str):
+    """Ids >= vocab_size would index past the embedding table (a device-side assert on CUDA)."""
+    if vocab_size is not None and len(tokens) and int(tokens.max()) >= vocab_size:
+        raise ValueError(f"token id {int(tokens.max())} >= vocab_size {vocab_size} in {where}; "
+                         "the shards were made with another tokenizer, or vocab_size is too small")
+
+
+class DataLoaderLite:
+    """(B, T) training batches from the `split` shards of data_root, read as one continuous stream.
+
+    Each call, the world's ranks take consecutive windows of B*T+1 tokens (a window's last token is only a
+    target), rank r the r-th, so together they cover the stream in order with nothing skipped at shard ends.
+    When the rest of the stream is too short for a whole step, it wraps: epoch += 1, and with shuffle=True the
+    shard order is permuted by (seed, epoch), identically on every rank. At most world*B*T tokens per epoch
+    go unread. Memory is O(B*T): shards are memory-mapped."""
+
+    def __init__(self, data_root, split: str, B: int, T: int, process_rank: int = 0, num_processes: int = 1,
+                 vocab_size: Optional[int] = None, shuffle: bool = False, seed: int = 0):
+        if B <= 0 or T <= 0:
+            raise ValueError(f"batch size and sequence length must be positive, got B={B}, T={T}")
+        if not 0 <= process_rank < num_processes:
+            raise ValueError(f"process_rank {process_rank} not in [0, {num_processes})")
+        self.B, self.T, self.rank, self.world = B, T, process_rank, num_processes
+        self.split, self.vocab_size, self.shuffle, self.seed = split, vocab_size, shuffle, seed
+        self.base = TokenStream.from_split(data_root, split)
+        need = B * T * num_processes + 1
+        if len(self.base) < need:
+            raise ValueError(
+                f"the '{split}' split in {data_root} holds {len(self.base)} tokens, fewer than one step of "
+                f"{num_processes} rank(s) x B={B} x T={T} (+1) = {need}; lower batch_size/seq_len or add data"
+            )
+        self.reset()
+
+    def _stream_for(self, epoch: int) -> TokenStream:
+        order = list(range(len(self.base.shards)))
+        if self.shuffle:
+            order = np.random.default_rng([self.seed, epoch]).permutation(len(order)).tolist()
+        return TokenStream([self.base.shards[i] for i in order], [self.base.names[i] for i in order])
+
+    def reset(self):
+        self.epoch, self.position = 0, 0  # position: stream offset where the next step's rank-0 window starts
+        self.stream = self._stream_for(0)
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        BT = self.B * self.T
+        if self.position + BT * self.world + 1 > len(self.stream):  # the same decision on every rank
+            self.epoch, self.position = self.epoch + 1, 0
+            self.stream = self._stream_for(self.epoch)
+        start = self.position + self.rank * BT
+        buf = self.stream.read(start, BT + 1)
+        check_token_ids(buf, self.vocab_size, f"{', '.join(self.stream.shards_at(start, BT + 1))} (epoch {self.epoch})")
+        self.position += BT * self.world
+        buf = torch.from_numpy(buf.astype(np.int64))  # only this window is widened to int64
+        return buf[:-1].view(self.B, self.T), buf[1:].view(self.B, self.T)
+
+    def state_dict(self) -> dict:
+        return {"split": self.split, "epoch": self.epoch, "position": self.position,
+                "num_tokens": len(self.base), "shuffle": self.shuffle, "seed": self.seed}
+
+    def load_state_dict(self, state: dict):
+        if state["num_tokens"] != len(self.base) or state["shuffle"] != self.shuffle or state["seed"] != self.seed:
+            raise ValueError(
+                f"the '{self.split}' data changed since the checkpoint (tokens {state['num_tokens']} -> "
+                f"{len(self.base)}, shuffle {state['shuffle']} -> {self.shuffle}, seed {state['seed']} -> {self.seed})"
+            )
+        self.epoch, self.position = state["epoch"], state["position"]
+        self.stream = self._stream_for(self.epoch)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Learning-rate schedule
+
+
+def get_lr(step: int, max_lr: float, min_lr: float, warmup_steps: int, decay_steps: int) -> float:
+    """Linear warmup to max_lr over warmup_steps, cosine decay to min_lr at decay_steps, then constant."""
+    if step < warmup_steps:
+        return max_lr * (step + 1) / warmup_steps  # step 0 already takes a small step
+    if step >= decay_steps:
+        return min_lr
+    progress = (step - warmup_steps) / (decay_steps - warmup_steps)  # 0 -> 1
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (max_lr - min_lr)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Distributed / runtime set-up
+
+
+@dataclass
+class Runtime:
+    ddp: bool  # launched by torchrun with a process group
+    rank: int  # global rank
+    local_rank: int  # rank on this node (picks the GPU)
+    world_size: int
+    device: str  # e.g. "cuda:3", "mps", "cpu"
+    device_type: str  # "cuda" | "mps" | "cpu": what torch.autocast wants
+
+    @property
+    def master(self) -> bool:
+        return self.rank == 0
+
+
+def detect_device() -> str:
+    if torch.cuda.is_available():
+        return "cuda"
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        return "mps"
+    return "cpu"
+
+
+def setup_runtime(device: str = "auto") -> Runtime:
+    """Single process, or DDP when torchrun set RANK/LOCAL_RANK/WORLD_SIZE (NCCL on CUDA, gloo on CPU)."""
+    if "RANK" not in os.environ:
+        device = detect_device() if device == "auto" else device
+        return Runtime(False, 0, 0, 1, device, device.split(":")[0])
+    rank, local_rank, world = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
+    device_type = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device.split(":")[0]
+    if device_type == "mps":
+        raise ValueError("DDP on mps is not supported; use a single process or --device cpu")
+    if device_type == "cuda":
+        device = f"cuda:{local_rank}"
+        torch.cuda.set_device(device)
+    else:
+        device = "cpu"
+    dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
+    return Runtime(True, rank, local_rank, world, device, device_type)
+
+
+def teardown_runtime(rt: Runtime):
+    if rt.ddp and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def autocast_context(device_type: str, dtype: str):
+    """bf16 autocast for matmuls (weights and optimizer state stay fp32); a no-op for float32."""
+    return torch.autocast(device_type=device_type, dtype=torch.bfloat16, enabled=dtype == "bfloat16")
+
+
+# Dense bf16 tensor-core peak per GPU, from the vendors' datasheets (SXM parts).
+PEAK_BF16_FLOPS = {"A100": 312e12, "H100": 989e12, "H200": 989e12, "H800": 989e12, "A10G": 125e12,
+                   "L4": 121e12, "L40S": 362e12, "RTX 4090": 165e12, "RTX 3090": 71e12, "B200": 2250e12}
+
+
+def peak_flops(device_type: str, override: float = 0.0) -> Optional[float]:
+    """Peak bf16 FLOP/s of this device: the override, else a lookup by GPU name, else None (MFU not shown)."""
+    if override > 0:
+        return override
+    if device_type != "cuda":
+        return None
+    name = torch.cuda.get_device_name()
+    return next((flops for key, flops in PEAK_BF16_FLOPS.items() if key in name), None)
+
+
+def flops_per_token(num_params: int, n_layer: int, n_head: int, head_dim: int, seq_len: int) -> int:
+    """Training FLOPs per token: 6N for the weight matmuls (forward + backward) plus 12·L·H·Q·T for attention
+    scores and values. N excludes the position table (a lookup) and includes the tied token table."""
+    return 6 * num_params + 12 * n_layer * n_head * head_dim * seq_len
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Evaluation: validation loss, HellaSwag, samples
+
+
+@torch.no_grad()
+def evaluate_val_loss(model: nn.Module, stream: TokenStream, val_tokens: int, B: int, T: int, rt: Runtime,
+                      dtype: str, vocab_size: Optional[int] = None) -> float:
+    """Mean loss over the first val_tokens targets of the val stream: val_tokens/T sequences of T, sequence i
+    scored by rank i % world, so the tokens are the same for any world size or batch size."""
+    if val_tokens % T or val_tokens + 1 > len(stream):
+        raise ValueError(f"val_tokens ({val_tokens}) must be a multiple of seq_len ({T}) and fit the val split "
+                         f"({len(stream)} tokens)")
+    model.eval()
+    loss_sum = torch.zeros((), dtype=torch.float64, device=rt.device)
+    count = torch.zeros((), dtype=torch.float64, device=rt.device)
+    mine = list(range(rt.rank, val_tokens // T, rt.world_size))
+    for i in range(0, len(mine), B):
+        rows = np.stack([stream.read(j * T, T + 1) for j in mine[i : i + B]])
+        check_token_ids(rows, vocab_size, "the val split")
+        rows = torch.from_numpy(rows.astype(np.int64)).to(rt.device)
+        x, y = rows[:, :-1], rows[:, 1:]
+        with autocast_context(rt.device_type, dtype):
+            logits, _ = model(x)
+        loss_sum += F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1), reduction="sum")
+        count += y.numel()
+    if rt.ddp:
+        dist.all_reduce(loss_sum)
+        dist.all_reduce(count)
+    model.train()
+    return (loss_sum / count).item()
+
+
+def sample_texts(model: GPT, prompt: str, num_samples: int, max_new_tokens: int, top_k: Optional[int],
+                 temperature: float, seed: int, device: str) -> list[str]:
+    """Seeded top-k samples continuing `prompt`, decoded; padded vocabulary ids are never drawn."""
+    enc = get_tokenizer()
+    prompt_ids = enc.encode(prompt) or [EOT_TOKEN]
+    if len(prompt_ids) >= model.config.block_size:
+        raise ValueError(f"prompt is {len(prompt_ids)} tokens, the model's context is {model.config.block_size}")
+    idx = torch.tensor(prompt_ids, dtype=torch.long, device=device).repeat(num_samples, 1)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    was_training = model.training
+    model.eval()
+    out = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=generator,
+                         vocab_limit=min(enc.n_vocab, model.config.vocab_size))
+    model.train(was_training)
+    return [enc.decode(row.tolist()) for row in out]
+
+
+# ----------------------------------------------------------------------------------------------------------
 # Checkpoints
 
 
@@ -348,3 +720,426 @@ def load_model(source: str, device: str = "cpu") -> GPT:
     else:
         model = GPT.from_pretrained(str(source))
     return model.to(device)
+
+
+def atomic_save(obj, path: Path):
+    """torch.save to a temp file beside `path`, fsync, then rename: a crash never leaves a truncated file."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def capture_rng_state() -> dict:
+    """Every RNG a run touches, as tensors and plain lists (weights_only-loadable)."""
+    np_state = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]],
+        "python": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
+    }
+
+
+def restore_rng_state(state: dict):
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    name, keys, *rest = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+
+
+def checkpoint_paths(log_dir: str | os.PathLike) -> list[Path]:
+    """model_{step:05d}.pt files of log_dir, oldest first."""
+    return sorted(Path(log_dir).glob("model_*.pt"), key=lambda p: int(p.stem.split("_")[1]) if p.stem.split("_")[1].isdigit() else -1)
+
+
+def newest_valid_checkpoint(log_dir: str | os.PathLike) -> tuple[Optional[Path], Optional[dict], list[str]]:
+    """The newest checkpoint that loads, skipping unreadable ones (returned as warnings)."""
+    warnings = []
+    for path in reversed(checkpoint_paths(log_dir)):
+        try:
+            return path, load_checkpoint(path), warnings
+        except ValueError as e:
+            warnings.append(f"skipping unreadable checkpoint: {e}")
+    return None, None, warnings
+
+
+def prune_checkpoints(log_dir: str | os.PathLike, keep_last: int):
+    if keep_last > 0:
+        for path in checkpoint_paths(log_dir)[:-keep_last]:
+            path.unlink(missing_ok=True)
+
+
+class RunLog:
+    """log_dir/log.txt, appended (a resumed run continues it), one `{step} {kind} {value}` line per metric."""
+
+    def __init__(self, log_dir: str | os.PathLike, enabled: bool):
+        self.path, self.enabled = Path(log_dir) / "log.txt", enabled
+
+    def write(self, step: int, kind: str, value: float):
+        if self.enabled:
+            with open(self.path, "a") as f:
+                f.write(f"{step} {kind} {value:.6f}\n")
+
+
+def read_log(path: str | os.PathLike) -> dict[str, list[tuple[int, float]]]:
+    """Parse log.txt into {kind: [(step, value), ...]}; the last value logged for a step wins."""
+    series: dict[str, dict[int, float]] = {}
+    for line in Path(path).read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 3:
+            series.setdefault(parts[1], {})[int(parts[0])] = float(parts[2])
+    return {kind: sorted(values.items()) for kind, values in series.items()}
+
+
+def write_header(log_dir: Path, cfg: TrainConfig, rt: Runtime, extra: dict):
+    """Append this run's config and versions to log_dir/header.txt (one JSON block per start or resume)."""
+    info = {"time": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv, "config": dataclasses.asdict(cfg),
+            "world_size": rt.world_size, "device": rt.device, "python": platform.python_version(),
+            "torch": torch.__version__, "numpy": np.__version__,
+            "gpu": torch.cuda.get_device_name() if rt.device_type == "cuda" else None, **extra}
+    with open(log_dir / "header.txt", "a") as f:
+        f.write(json.dumps(info, indent=1) + "\n")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Training
+
+
+class NonFiniteError(RuntimeError):
+    """The loss or gradient norm became inf/NaN."""
+
+
+class StopFlag:
+    """Set by SIGTERM/SIGINT; the loop checks it after each step, saves a checkpoint and exits cleanly."""
+
+    def __init__(self):
+        self.requested = False
+        self.previous = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self.previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        self.requested = True
+
+    def __exit__(self, *exc):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
+def all_ranks_agree(flag: bool, rt: Runtime) -> bool:
+    """True on every rank if any rank says True (so all ranks stop at the same step)."""
+    if not rt.ddp:
+        return flag
+    t = torch.tensor([float(flag)], device=rt.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def build_model(cfg: TrainConfig) -> GPT:
+    """From scratch with cfg's shape, or the weights named by --init_from (cropped to block_size if shorter)."""
+    if cfg.init_from == "scratch":
+        return GPT(GPTConfig(block_size=cfg.block_size, vocab_size=cfg.vocab_size, n_layer=cfg.n_layer,
+                             n_head=cfg.n_head, n_embd=cfg.n_embd))
+    model = load_model(cfg.init_from)
+    if cfg.block_size < model.config.block_size:
+        model.crop_block_size(cfg.block_size)
+    if cfg.seq_len > model.config.block_size:
+        raise ValueError(f"--seq_len ({cfg.seq_len}) exceeds the context of {cfg.init_from} ({model.config.block_size})")
+    return model
+
+
+def train(cfg: TrainConfig, log=print) -> dict:
+    """Run training as configured (one process, or one rank under torchrun); return the final metrics."""
+    rt = setup_runtime(cfg.device)
+    try:
+        return _train(cfg, rt, log if rt.master else (lambda *a, **k: None))
+    finally:
+        teardown_runtime(rt)
+
+
+def _train(cfg: TrainConfig, rt: Runtime, log) -> dict:
+    dtype = cfg.dtype if cfg.dtype != "auto" else ("bfloat16" if rt.device_type == "cuda" else "float32")
+    use_compile = cfg.compile == "true" or (cfg.compile == "auto" and rt.device_type == "cuda")
+    B, T = cfg.batch_size, cfg.seq_len
+    if cfg.total_batch_size % (B * T * rt.world_size):
+        raise ValueError(f"--total_batch_size {cfg.total_batch_size} is not divisible by batch_size x seq_len x "
+                         f"world_size = {B} x {T} x {rt.world_size} = {B * T * rt.world_size}")
+    grad_accum = cfg.total_batch_size // (B * T * rt.world_size)
+    decay_steps = cfg.lr_decay_steps or cfg.max_steps
+    min_lr = cfg.max_lr * cfg.min_lr_ratio
+    log_dir = Path(cfg.log_dir)
+    if rt.master:
+        log_dir.mkdir(parents=True, exist_ok=True)
+    if rt.device_type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True  # TF32 for any fp32 matmul left outside autocast
+        torch.backends.cudnn.allow_tf32 = True
+
+    torch.manual_seed(cfg.seed)  # the same initial weights on every rank
+    model = build_model(cfg).to(rt.device)
+    vocab = model.config.vocab_size
+    train_loader = DataLoaderLite(cfg.data_root, "train", B, T, rt.rank, rt.world_size, vocab_size=vocab,
+                                  shuffle=cfg.shuffle_shards, seed=cfg.seed)
+    val_stream = TokenStream.from_split(cfg.data_root, "val") if cfg.eval_interval else None
+    optimizer = model.configure_optimizers(cfg.weight_decay, cfg.max_lr, rt.device_type)
+
+    start_step, evals_done, resumed_from = 0, False, None
+    if cfg.resume:
+        if cfg.resume == "auto":
+            path, ckpt, warnings = newest_valid_checkpoint(log_dir)
+            for w in warnings:
+                log(f"warning: {w}")
+        else:
+            path, ckpt = Path(cfg.resume), load_checkpoint(cfg.resume)
+        if ckpt is not None:
+            if GPTConfig(**ckpt["model_config"]) != model.config:
+                raise ValueError(f"{path} holds a model of shape {ckpt['model_config']}, this run builds {model.config}")
+            model.load_state_dict(ckpt["model"])
+            optimizer.load_state_dict(ckpt["optimizer"])
+            train_loader.load_state_dict(ckpt["train_loader"])
+            restore_rng_state(ckpt["rng"])
+            start_step, evals_done, resumed_from = ckpt["step"], ckpt["evals_done"], str(path)
+            log(f"resumed from {path} at step {start_step}")
+        else:
+            log(f"no checkpoint in {log_dir}: starting fresh")
+
+    raw_model = model  # uncompiled, unwrapped: evaluation, sampling and checkpoints use it
+    train_model = torch.compile(model) if use_compile else model
+    if rt.ddp:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        train_model = DDP(train_model, device_ids=[rt.local_rank] if rt.device_type == "cuda" else None)
+
+    n_params = raw_model.num_params()
+    flops_tok = flops_per_token(raw_model.num_params(exclude_embeddings=True), model.config.n_layer,
+                                model.config.n_head, model.config.n_embd // model.config.n_head, T)
+    peak = peak_flops(rt.device_type, cfg.peak_flops)
+    run_log = RunLog(log_dir, rt.master)
+    if rt.master:
+        write_header(log_dir, cfg, rt, {"num_params": n_params, "grad_accum_steps": grad_accum, "dtype": dtype,
+                                        "compile": use_compile, "resumed_from": resumed_from})
+    log(f"{n_params:,} parameters | {rt.world_size} process(es) on {rt.device} | {dtype} | compile {use_compile}")
+    log(f"total batch {cfg.total_batch_size:,} tokens = {B} x {T} x {rt.world_size} ranks x {grad_accum} micro-steps")
+    wandb_run = None
+    if cfg.wandb_project and rt.master:
+        import wandb  # optional dependency, imported only when asked for
+
+        wandb_run = wandb.init(project=cfg.wandb_project, config=dataclasses.asdict(cfg), resume="allow")
+
+    hella_examples, fixed_batch = None, None
+    metrics = {"step": start_step, "val_loss": None, "hellaswag": None, "train_loss": None}
+
+    def save(step: int, done: bool) -> Path:
+        """Checkpoint after `step` updates (rank 0); `done`: this step's evaluations are already logged."""
+        path = log_dir / f"model_{step:05d}.pt"
+        if rt.master:
+            if not all(torch.isfinite(p).all() for p in raw_model.parameters()):
+                raise NonFiniteError(f"refusing to checkpoint non-finite weights at step {step}")
+            atomic_save({"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
+                         "model_config": dataclasses.asdict(raw_model.config), "train_config": dataclasses.asdict(cfg),
+                         "step": step, "evals_done": done, "val_loss": metrics["val_loss"],
+                         "train_loader": train_loader.state_dict(), "rng": capture_rng_state()}, path)
+            prune_checkpoints(log_dir, cfg.keep_last)
+            refresh_plot(log_dir)
+        if rt.ddp:
+            dist.barrier()  # nobody races ahead (or exits) before the file exists
+        return path
+
+    with StopFlag() as stop:
+        for step in range(start_step, cfg.max_steps + 1):
+            last = step == cfg.max_steps
+            due = lambda interval: interval > 0 and (step % interval == 0 or last)  # noqa: E731
+            if not (step == start_step and evals_done):
+                if due(cfg.eval_interval):
+                    metrics["val_loss"] = evaluate_val_loss(train_model if not rt.ddp else train_model.module, val_stream,
+                                                            cfg.val_tokens, B, T, rt, dtype, vocab)
+                    log(f"step {step:5d} | val loss {metrics['val_loss']:.4f}")
+                    run_log.write(step, "val", metrics["val_loss"])
+                if due(cfg.hellaswag_interval):
+                    hella_examples = hella_examples if hella_examples is not None else load_hellaswag(cfg, log)
+                    if hella_examples:
+                        import hellaswag
+
+                        with autocast_context(rt.device_type, dtype):
+                            res = hellaswag.evaluate(raw_model, hella_examples, rt.device, rank=rt.rank,
+                                                     world_size=rt.world_size)
+                        metrics["hellaswag"] = res["acc_norm"]
+                        log(f"step {step:5d} | HellaSwag acc_norm {res['correct_norm']}/{res['n']} = {res['acc_norm']:.4f}")
+                        run_log.write(step, "hella", res["acc_norm"])
+                if due(cfg.sample_interval) and rt.master:
+                    for text in sample_texts(raw_model, cfg.sample_prompt, 4, 32, 50, 1.0, cfg.seed, rt.device):
+                        log(f"sample: {text!r}")
+            if last:
+                break
+
+            t0 = time.time()
+            optimizer.zero_grad(set_to_none=True)
+            loss_accum = torch.zeros((), device=rt.device)
+            for micro in range(grad_accum):
+                if cfg.overfit_batch:
+                    fixed_batch = fixed_batch or train_loader.next_batch()
+                    x, y = fixed_batch
+                else:
+                    x, y = train_loader.next_batch()
+                if rt.device_type == "cuda":
+                    x, y = x.pin_memory().to(rt.device, non_blocking=True), y.pin_memory().to(rt.device, non_blocking=True)
+                else:
+                    x, y = x.to(rt.device), y.to(rt.device)
+                if rt.ddp:  # all-reduce gradients only on the last micro-step (must be set before forward)
+                    train_model.require_backward_grad_sync = micro == grad_accum - 1
+                with autocast_context(rt.device_type, dtype):
+                    _, loss = train_model(x, y)
+                # The loss is a mean over B*T tokens; dividing by grad_accum makes the summed gradients the
+                # gradient of the mean over the whole total batch.
+                loss = loss / grad_accum
+                loss_accum += loss.detach()
+                loss.backward()
+            if rt.ddp:
+                dist.all_reduce(loss_accum, op=dist.ReduceOp.AVG)
+            params = raw_model.parameters()
+            norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
+            lr = get_lr(step, cfg.max_lr, min_lr, cfg.warmup_steps, decay_steps)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            loss_value, norm_value = loss_accum.item(), norm.item()  # the one host sync per step
+            if not (math.isfinite(loss_value) and math.isfinite(norm_value)):
+                if not cfg.skip_nonfinite:
+                    good = checkpoint_paths(log_dir)
+                    raise NonFiniteError(f"non-finite loss {loss_value} / grad norm {norm_value} at step {step}; "
+                                         f"last good checkpoint: {good[-1] if good else 'none'} "
+                                         "(lower --max_lr, or pass --skip_nonfinite true)")
+                log(f"step {step:5d} | non-finite loss {loss_value} / grad norm {norm_value}: update skipped")
+                optimizer.zero_grad(set_to_none=True)
+            else:
+                optimizer.step()
+            if rt.device_type == "cuda":
+                torch.cuda.synchronize()
+            dt = time.time() - t0
+            tok_per_s = cfg.total_batch_size / dt
+            mfu = f" | MFU {flops_tok * tok_per_s / (peak * rt.world_size):6.2%}" if peak else ""
+            log(f"step {step:5d} | loss {loss_value:.6f} | lr {lr:.4e} | norm {norm_value:.4f} | "
+                f"{dt * 1000:7.1f} ms | {tok_per_s:9.0f} tok/s{mfu}")
+            run_log.write(step, "train", loss_value)
+            if wandb_run is not None:
+                wandb_run.log({"train/loss": loss_value, "lr": lr, "grad_norm": norm_value,
+                               "val/loss": metrics["val_loss"]}, step=step)
+            metrics["train_loss"], metrics["step"] = loss_value, step + 1
+            if all_ranks_agree(stop.requested, rt):
+                path = save(step + 1, done=False)
+                log(f"stop requested: saved {path} after step {step}; resume with --resume auto")
+                metrics["stopped"] = True
+                return metrics
+            if cfg.ckpt_interval and (step + 1) % cfg.ckpt_interval == 0 and step + 1 < cfg.max_steps:
+                save(step + 1, done=False)
+    metrics["checkpoint"] = str(save(cfg.max_steps, done=True))
+    if wandb_run is not None:
+        wandb_run.finish()
+    return metrics
+
+
+def load_hellaswag(cfg: TrainConfig, log) -> list:
+    """HellaSwag val examples, or [] with a message when they cannot be had (e.g. offline)."""
+    try:
+        import hellaswag
+
+        examples = hellaswag.load_examples("val", data=cfg.hellaswag_data or None)
+    except (ImportError, FileNotFoundError, OSError) as e:
+        log(f"HellaSwag skipped: {e}")
+        return []
+    return examples[: cfg.hellaswag_limit] if cfg.hellaswag_limit else examples
+
+
+def refresh_plot(log_dir: Path):
+    """Placeholder until plotting lands."""
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Command line
+
+
+def str2bool(text: str) -> bool:
+    if text.lower() in ("true", "1", "yes"):
+        return True
+    if text.lower() in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def train_parser() -> argparse.ArgumentParser:
+    """--field value for every TrainConfig field, plus --preset; explicit flags override the preset."""
+    parser = argparse.ArgumentParser(
+        description="Train GPT-2 (sub-commands: sample, plot, export; see `train_gpt2.py sample -h`).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--preset", choices=sorted(PRESETS), help="a named recipe; other flags override it")
+    for f in dataclasses.fields(TrainConfig):
+        kind = {bool: str2bool, "bool": str2bool, int: int, "int": int, float: float, "float": float}.get(f.type, str)
+        if "Optional[int]" in str(f.type):
+            kind = int
+        parser.add_argument(f"--{f.name}", type=kind, default=f.default, help=f.metadata["help"],
+                            metavar="true|false" if kind is str2bool else None)
+    return parser
+
+
+def parse_train_args(argv: list[str]) -> TrainConfig:
+    parser = train_parser()
+    preset = parser.parse_known_args(argv)[0].preset
+    if preset:
+        parser.set_defaults(**PRESETS[preset])
+    args = vars(parser.parse_args(argv))
+    args.pop("preset")
+    try:
+        return TrainConfig(**args)
+    except ValueError as e:
+        parser.error(str(e))
+
+
+def sample_main(argv: list[str]):
+    parser = argparse.ArgumentParser(prog="train_gpt2.py sample", description="Print samples from a model.")
+    parser.add_argument("--init_from", default="gpt2", help="gpt2 | gpt2-medium | ... | HF_DIR | CHECKPOINT.pt")
+    parser.add_argument("--prompt", default="Hello, I'm a language model,")
+    parser.add_argument("--num_samples", type=int, default=5)
+    parser.add_argument("--max_new_tokens", type=int, default=30)
+    parser.add_argument("--top_k", type=int, default=50, help="0: sample from the whole distribution")
+    parser.add_argument("--temperature", type=float, default=1.0, help="0: greedy")
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--device", default="auto")
+    args = parser.parse_args(argv)
+    if args.num_samples <= 0 or args.max_new_tokens <= 0:
+        parser.error("--num_samples and --max_new_tokens must be positive")
+    device = detect_device() if args.device == "auto" else args.device
+    model = load_model(args.init_from, device)
+    texts = sample_texts(model, args.prompt, args.num_samples, args.max_new_tokens, args.top_k or None,
+                         args.temperature, args.seed, device)
+    for i, text in enumerate(texts):
+        print(f"sample {i}: {text}")
+
+
+def main(argv: Optional[list[str]] = None):
+    argv = sys.argv[1:] if argv is None else argv
+    commands = {"sample": sample_main}
+    try:
+        if argv and argv[0] in commands:
+            return commands[argv[0]](argv[1:])
+        cfg = parse_train_args(argv)
+        metrics = train(cfg)
+        if metrics.get("stopped"):
+            print("stopped cleanly")
+    except (ValueError, FileNotFoundError, NonFiniteError) as e:
+        if os.environ.get("GPT2_DEBUG"):
+            raise
+        sys.exit(f"error: {e}")
+
+
+if __name__ == "__main__":
+    main()
