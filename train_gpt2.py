@@ -26,6 +26,7 @@ import math
 import os
 import platform
 import random
+import re
 import signal
 import sys
 import time
@@ -135,6 +136,8 @@ class TrainConfig:
             raise ValueError(f"--lr_decay_steps must be positive, got {self.lr_decay_steps}")
         if not 0 < self.max_lr < 1 or not 0 <= self.min_lr_ratio <= 1:
             raise ValueError(f"need 0 < max_lr < 1 and 0 <= min_lr_ratio <= 1, got {self.max_lr}, {self.min_lr_ratio}")
+        if self.eval_interval and self.val_tokens <= 0:
+            raise ValueError("--val_tokens must be positive when --eval_interval is set")
         if self.val_tokens % self.seq_len:
             raise ValueError(f"--val_tokens ({self.val_tokens}) must be a multiple of --seq_len ({self.seq_len})")
         for name, allowed in (("dtype", ("auto", "bfloat16", "float32")), ("compile", ("auto", "true", "false"))):
@@ -434,7 +437,9 @@ def list_shards(data_root: str | os.PathLike, split: str) -> list[Path]:
             f"data directory {root} does not exist; create it with `python fineweb.py` "
             f"(or `python fineweb.py --local input.txt --out_dir {root}` for the built-in corpus)"
         )
-    shards = sorted(p for p in root.glob("*.npy") if f"_{split}_" in p.name)  # zero-padded index: name order
+    pattern = re.compile(rf"[^.].*_{re.escape(split)}_(\d+)\.npy")  # not fineweb.py's hidden .tmp files
+    found = [(int(m[1]), p) for p in root.iterdir() if (m := pattern.fullmatch(p.name))]
+    shards = [p for _, p in sorted(found)]
     if not shards:
         raise FileNotFoundError(f"no '{split}' shards (*_{split}_*.npy) in {root}; run fineweb.py to make them")
     return shards
@@ -653,8 +658,8 @@ def evaluate_val_loss(model: nn.Module, stream: TokenStream, val_tokens: int, B:
                       dtype: str, vocab_size: Optional[int] = None) -> float:
     """Mean loss over the first val_tokens targets of the val stream: val_tokens/T sequences of T, sequence i
     scored by rank i % world, so the tokens are the same for any world size or batch size."""
-    if val_tokens % T or val_tokens + 1 > len(stream):
-        raise ValueError(f"val_tokens ({val_tokens}) must be a multiple of seq_len ({T}) and fit the val split "
+    if val_tokens <= 0 or val_tokens % T or val_tokens + 1 > len(stream):
+        raise ValueError(f"val_tokens ({val_tokens}) must be a positive multiple of seq_len ({T}) and fit the val split "
                          f"({len(stream)} tokens)")
     model.eval()
     loss_sum = torch.zeros((), dtype=torch.float64, device=rt.device)
@@ -662,7 +667,7 @@ def evaluate_val_loss(model: nn.Module, stream: TokenStream, val_tokens: int, B:
     mine = list(range(rt.rank, val_tokens // T, rt.world_size))
     for i in range(0, len(mine), B):
         rows = np.stack([stream.read(j * T, T + 1) for j in mine[i : i + B]])
-        check_token_ids(rows, vocab_size, "the val split")
+        check_token_ids(rows, vocab_size, "the val split " + ", ".join(stream.names))
         rows = torch.from_numpy(rows.astype(np.int64)).to(rt.device)
         x, y = rows[:, :-1], rows[:, 1:]
         with autocast_context(rt.device_type, dtype):
@@ -1060,8 +1065,110 @@ def load_hellaswag(cfg: TrainConfig, log) -> list:
     return examples[: cfg.hellaswag_limit] if cfg.hellaswag_limit else examples
 
 
-def refresh_plot(log_dir: Path):
-    """Placeholder until plotting lands."""
+def refresh_plot(log_dir: Path) -> Optional[Path]:
+    """Redraw log_dir/curves.png at a checkpoint; None instead of an error: a plot never stops a run."""
+    try:
+        return plot_curves(log_dir)
+    except ImportError:  # matplotlib is optional for training
+        return None
+    except Exception as e:  # e.g. a full disk: warn and train on
+        print(f"warning: curves.png not updated ({type(e).__name__}: {e})", file=sys.stderr)
+        return None
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Training curves and Hugging Face export
+
+GPT2_124M_VAL_LOSS = 3.2924  # OpenAI's GPT-2 124M on our FineWeb-Edu val split: the loss to beat
+HELLASWAG_BASELINES = {"GPT-2 124M": 0.2955, "GPT-3 124M": 0.337}  # acc_norm on the 10,042 val examples
+
+
+def plot_curves(log_dir: str | os.PathLike, out_path: str | os.PathLike | None = None) -> Path:
+    """Draw log_dir/log.txt as a PNG (default log_dir/curves.png): losses, and HellaSwag if logged, with baselines."""
+    log_path = Path(log_dir) / "log.txt"
+    if not log_path.is_file():
+        raise FileNotFoundError(f"{log_path} does not exist; it is written by a training run with --log_dir {log_dir}")
+    series = read_log(log_path)
+    if not series:
+        raise ValueError(f"{log_path} holds no metrics yet")
+    # A bare Figure on the Agg canvas: no pyplot, so no global backend switch (a notebook's plots are untouched).
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    hella = series.get("hella", [])
+    fig = Figure(figsize=(13 if hella else 7, 4.5), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, 2 if hella else 1, squeeze=False)[0]
+    for kind in ("train", "val"):
+        if series.get(kind):
+            axes[0].plot(*zip(*series[kind]), label=f"{kind} loss")
+    axes[0].axhline(GPT2_124M_VAL_LOSS, color="red", linestyle="--", label=f"GPT-2 124M val loss ({GPT2_124M_VAL_LOSS})")
+    axes[0].set(xlabel="step", ylabel="loss", title="loss")
+    if hella:
+        axes[1].plot(*zip(*hella), label="ours")
+        for (name, acc), color in zip(HELLASWAG_BASELINES.items(), ("red", "green")):
+            axes[1].axhline(acc, color=color, linestyle="--", label=f"{name} ({acc})")
+        axes[1].set(xlabel="step", ylabel="acc_norm", title="HellaSwag")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend()
+    out = Path(out_path) if out_path is not None else Path(log_dir) / "curves.png"
+    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+    try:  # temp file + rename: a viewer never sees a half-written PNG
+        fig.savefig(tmp, format="png", dpi=100)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return out
+
+
+def to_hf_state_dict(our_sd: dict, keep_vocab: Optional[int] = None) -> dict:
+    """Inverse of convert_hf_state_dict: Conv1D weights transposed back; token-table rows >= keep_vocab
+    dropped (the padding of a 50304-row table, ids the tokenizer never produces)."""
+    out = {}
+    for key, value in our_sd.items():
+        value = value.detach()
+        if key in ("transformer.wte.weight", "lm_head.weight") and keep_vocab is not None:
+            value = value[:keep_vocab]
+        out[key] = (value.t() if key.endswith(HF_TRANSPOSED) else value).contiguous()
+    return out
+
+
+def export_hf(checkpoint_path: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
+    """Write one of our checkpoints as a directory that transformers.GPT2LMHeadModel.from_pretrained loads."""
+    from transformers import GPT2Config, GPT2LMHeadModel  # heavy; only when asked for
+
+    ckpt = load_checkpoint(checkpoint_path)
+    c = GPTConfig(**ckpt["model_config"])
+    vocab = min(c.vocab_size, GPT2_VOCAB_SIZE)  # 50304 -> 50257; a smaller (test) vocabulary is kept as is
+    eot = EOT_TOKEN if vocab > EOT_TOKEN else None
+    config = GPT2Config(vocab_size=vocab, n_positions=c.block_size, n_ctx=c.block_size, n_embd=c.n_embd,
+                        n_layer=c.n_layer, n_head=c.n_head, activation_function="gelu_new",
+                        bos_token_id=eot, eos_token_id=eot, tie_word_embeddings=True)
+    hf = GPT2LMHeadModel(config)
+    result = hf.load_state_dict(to_hf_state_dict(ckpt["model"], vocab), strict=False)
+    if result.missing_keys or result.unexpected_keys:
+        raise ValueError(f"{checkpoint_path} does not map onto GPT-2: missing {result.missing_keys[:10]}, "
+                         f"unexpected {result.unexpected_keys[:10]}")
+    hf.save_pretrained(out_dir)
+    return Path(out_dir)
+
+
+def plot_main(argv: list[str]):
+    parser = argparse.ArgumentParser(prog="train_gpt2.py plot", description="Draw a run's log.txt as curves.png.")
+    parser.add_argument("log_dir", help="the --log_dir of a run (holds log.txt)")
+    parser.add_argument("--out", default=None, help="PNG path (default: LOG_DIR/curves.png)")
+    args = parser.parse_args(argv)
+    print(f"wrote {plot_curves(args.log_dir, args.out)}")
+
+
+def export_main(argv: list[str]):
+    parser = argparse.ArgumentParser(prog="train_gpt2.py export",
+                                     description="Write a checkpoint as a Hugging Face GPT-2 directory.")
+    parser.add_argument("checkpoint", help="a model_*.pt written by training")
+    parser.add_argument("out_dir", help="directory for config.json and model.safetensors")
+    args = parser.parse_args(argv)
+    print(f"wrote {export_hf(args.checkpoint, args.out_dir)}: load it with GPT2LMHeadModel.from_pretrained")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -1127,7 +1234,7 @@ def sample_main(argv: list[str]):
 
 def main(argv: Optional[list[str]] = None):
     argv = sys.argv[1:] if argv is None else argv
-    commands = {"sample": sample_main}
+    commands = {"sample": sample_main, "plot": plot_main, "export": export_main}
     try:
         if argv and argv[0] in commands:
             return commands[argv[0]](argv[1:])
