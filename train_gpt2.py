@@ -316,7 +316,8 @@ class GPT(nn.Module):
         loss = None
         if targets is not None:
             # fp32 softmax; positions whose target is -100 (padding) are left out of the mean
-            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-100)
+            logits_hi = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 up, fp64 kept
+            loss = F.cross_entropy(logits_hi.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-100)
         return logits, loss
 
     def num_params(self, exclude_embeddings: bool = False) -> int:
@@ -399,6 +400,12 @@ class GPT(nn.Module):
         c = hf.config
         if c.activation_function not in ("gelu_new", "gelu_pytorch_tanh"):
             raise ValueError(f"{name_or_path}: activation {c.activation_function!r} is not GPT-2's tanh GELU")
+        # Settings our architecture hard-codes: anything else would load without error and compute another model.
+        fixed = {"tie_word_embeddings": True, "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
+                 "layer_norm_epsilon": 1e-5}
+        differ = {k: getattr(c, k, v) for k, v in fixed.items() if getattr(c, k, v) != v}
+        if differ:
+            raise ValueError(f"{name_or_path}: config {differ} is not supported; GPT-2 has {fixed}")
         config = GPTConfig(
             block_size=c.n_positions, vocab_size=c.vocab_size, n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd
         )
