@@ -1,0 +1,619 @@
+"""
+Pre-tokenise a text corpus with the GPT-2 tokenizer into uint16 .npy shards for train_gpt2.py.
+
+    python fineweb.py                          # FineWeb-Edu sample-10BT (streamed) -> edu_fineweb10B/
+    python fineweb.py --local input.txt        # the built-in Shakespeare corpus -> data/input/
+    python fineweb.py --local a.jsonl b.parquet --out_dir data/mine --prefix mine
+
+Every document becomes <|endoftext|> followed by its tokens; the token stream is cut into shards of
+--shard_size tokens named {prefix}_{split}_{index:06d}.npy. Shard 000000 is the validation split, the rest
+are train; a document may span any number of shards and the last shard holds the remainder. A corpus that
+fits in one shard is split in two instead (see --help). manifest.json, written last, lists the shards.
+
+Importing this module does nothing but define things; workers are plain top-level functions, so the
+`spawn` start method (macOS, Windows) works as well as `fork`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import multiprocessing
+import os
+import re
+import textwrap
+import time
+from pathlib import Path
+from typing import Iterable, Iterator, Optional
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+
+DEFAULT_DATASET = "HuggingFaceFW/fineweb-edu"
+DEFAULT_NAME = "sample-10BT"
+DEFAULT_SPLIT = "train"
+DEFAULT_OUT_DIR = HERE / "edu_fineweb10B"
+DEFAULT_PREFIX = "edufineweb"
+DEFAULT_SHARD_SIZE = 100_000_000
+MANIFEST = "manifest.json"
+DTYPE = np.uint16  # GPT-2 ids are < 50257 < 2**16: half the disk and RAM of int32
+LOCAL_EXTENSIONS = (".txt", ".jsonl", ".parquet")
+
+# A corpus that fits in one shard still needs a val and a train split: val takes about this fraction of it.
+SMALL_VAL_FRACTION = 0.1
+# ...cut at a document boundary when one lies in this window (as fractions of the corpus), else mid-document.
+SMALL_VAL_WINDOW = (0.05, 0.2)
+
+# Workers get batches of whole documents: big enough that inter-process overhead is noise, small enough
+# that a few batches per worker are in flight.
+BATCH_CHARS = 1 << 18
+BATCH_DOCS = 1024
+
+SHARD_RE = re.compile(r"^(?P<prefix>.+)_(?P<split>val|train)_(?P<index>\d{6})\.npy$")
+
+TXT_RULE = (
+    "A .txt file (UTF-8) holds documents separated by two or more consecutive blank lines (lines with "
+    "only whitespace); a single blank line, a paragraph break, stays inside its document. Leading and "
+    "trailing whitespace of each document is trimmed. A file without such a gap is one document. "
+    "input.txt is laid out this way: one document per play."
+)
+SMALL_RULE = (
+    f"If the whole corpus fits in one shard (<= --shard_size tokens) it is split in two: val "
+    f"(shard 000000) gets about {SMALL_VAL_FRACTION:.0%} of the tokens, cut at the document boundary nearest "
+    f"to {SMALL_VAL_FRACTION:.0%} if one lies between {SMALL_VAL_WINDOW[0]:.0%} and {SMALL_VAL_WINDOW[1]:.0%} "
+    f"of the corpus (else mid-document, at least 1 token), and train (shard 000001) gets the rest."
+)
+
+
+class CorpusError(ValueError):
+    """A problem with the input or output directory, reported to the user as one line (no traceback)."""
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Reading documents
+
+
+_TXT_SEPARATOR = re.compile(r"\n(?:[^\S\n]*\n){2,}")  # a line's end, then two or more whitespace-only lines
+
+
+def iter_txt_documents(path: str | os.PathLike, chunk_chars: int = 1 << 20) -> Iterator[str]:
+    """Documents of a text file: separated by two or more blank lines, surrounding whitespace trimmed."""
+    # Read in large chunks and split with a regex: a Python loop over lines costs ~20% of tokenising time.
+    parts: list[str] = []  # the current document so far
+    tail = ""  # whitespace at the end of what was read: it may begin a separator, so it joins the next chunk
+    lines = 0
+    try:
+        with open(path, encoding="utf-8") as f:  # universal newlines: \r\n and \r read as \n
+            while chunk := f.read(chunk_chars):
+                lines += chunk.count("\n")
+                text = tail + chunk
+                pos = 0
+                for m in _TXT_SEPARATOR.finditer(text):
+                    parts.append(text[pos : m.start()])
+                    doc = "".join(parts).strip()
+                    if doc:
+                        yield doc
+                    parts, pos = [], m.end()
+                rest = text[pos:]
+                body = rest.rstrip()
+                if body:
+                    parts.append(body)
+                tail = rest[len(body) :]
+    except UnicodeDecodeError as e:
+        raise CorpusError(f"{path}: not UTF-8 text after line {lines} ({e.reason})") from None
+    doc = "".join(parts).strip()
+    if doc:
+        yield doc
+
+
+def _text_of(row: dict, text_field: str, where: str) -> Optional[str]:
+    """The text field of one record, or a CorpusError naming the record and the fields it has."""
+    if not isinstance(row, dict):
+        raise CorpusError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    if text_field not in row:
+        fields = ", ".join(map(repr, list(row)[:10])) or "none"
+        raise CorpusError(f"{where}: no field {text_field!r} (fields: {fields}); pick one with --text_field")
+    text = row[text_field]
+    if text is not None and not isinstance(text, str):
+        raise CorpusError(f"{where}: field {text_field!r} is {type(text).__name__}, not a string")
+    return text
+
+
+def iter_jsonl_documents(path: str | os.PathLike, text_field: str = "text") -> Iterator[str]:
+    """The text field of each JSON object, one per line (blank lines allowed)."""
+    with open(path, "rb") as f:  # bytes, decoded line by line, so an error names the exact line
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise CorpusError(f"{path}:{lineno}: not UTF-8 text ({e.reason})") from None
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise CorpusError(f"{path}:{lineno}: malformed JSON line ({e.msg})") from None
+            text = _text_of(row, text_field, f"{path}:{lineno}")
+            if text is not None:
+                yield text
+
+
+def iter_parquet_documents(path: str | os.PathLike, text_field: str = "text") -> Iterator[str]:
+    """The text column of a Parquet file, read in record batches (never the whole file at once)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as e:
+        raise CorpusError(f"{path}: not a readable Parquet file ({str(e).splitlines()[0]})") from None
+    schema = pf.schema_arrow
+    if text_field not in schema.names:
+        fields = ", ".join(map(repr, schema.names[:10])) or "none"
+        raise CorpusError(f"{path}: no column {text_field!r} (columns: {fields}); pick one with --text_field")
+    column_type = schema.field(text_field).type
+    if not (pa.types.is_string(column_type) or pa.types.is_large_string(column_type)):
+        raise CorpusError(f"{path}: column {text_field!r} is {column_type}, not a string")
+    for batch in pf.iter_batches(batch_size=1024, columns=[text_field]):
+        for text in batch.column(0).to_pylist():
+            if text is not None:
+                yield text
+
+
+def iter_hub_documents(dataset: str, name: Optional[str], split: str, text_field: str = "text") -> Iterator[str]:
+    """Stream a Hugging Face dataset (no multi-GB download before the first token)."""
+    from datasets import load_dataset  # heavy; only when the hub is used
+
+    try:
+        rows = load_dataset(dataset, name=name, split=split, streaming=True)
+    except Exception as e:  # network, auth, unknown name: one line is more useful than a deep traceback
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise CorpusError(
+            f"could not open {dataset} (name={name}, split={split}): {type(e).__name__}: {first}"
+        ) from None
+    for i, row in enumerate(rows):
+        text = _text_of(row, text_field, f"{dataset} row {i}")
+        if text is not None:
+            yield text
+
+
+READERS = {".txt": iter_txt_documents, ".jsonl": iter_jsonl_documents, ".parquet": iter_parquet_documents}
+
+
+def check_local_files(paths: Iterable[str | os.PathLike]) -> None:
+    """Fail before any work if a file is missing or of a kind we cannot read."""
+    for path in paths:
+        suffix = Path(path).suffix.lower()
+        if suffix not in READERS:
+            raise CorpusError(f"{path}: unknown file type {suffix or '(none)'!r}; use {', '.join(LOCAL_EXTENSIONS)}")
+        if not Path(path).is_file():
+            raise CorpusError(f"{path}: no such file")
+
+
+def iter_documents(paths: Iterable[str | os.PathLike], text_field: str = "text") -> Iterator[str]:
+    """Documents of local files in order, by extension; documents with no visible text are skipped."""
+    paths = list(paths)
+    check_local_files(paths)
+    for path in paths:
+        reader = READERS[Path(path).suffix.lower()]
+        docs = reader(path) if reader is iter_txt_documents else reader(path, text_field)
+        for doc in docs:
+            if doc and not doc.isspace():  # it would add a lone <|endoftext|> and nothing to learn
+                yield doc
+
+
+def batch_documents(
+    docs: Iterable[str], max_chars: int = BATCH_CHARS, max_docs: int = BATCH_DOCS
+) -> Iterator[list[str]]:
+    """Group documents into lists of about max_chars characters (a longer document is a batch alone)."""
+    batch: list[str] = []
+    chars = 0
+    for doc in docs:
+        batch.append(doc)
+        chars += len(doc)
+        if chars >= max_chars or len(batch) >= max_docs:
+            yield batch
+            batch, chars = [], 0
+    if batch:
+        yield batch
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Tokenising
+
+
+def load_tokenizer():
+    """The offline GPT-2 encoding from train_gpt2.
+
+    Imported here rather than at the top because train_gpt2 imports torch (~2 s), and every spawned worker
+    re-imports this module; workers receive the encoding itself instead (see _init_worker).
+    """
+    from train_gpt2 import EOT_TOKEN, get_tokenizer
+
+    enc = get_tokenizer()
+    if enc.eot_token != EOT_TOKEN:
+        raise ValueError(f"tokenizer's <|endoftext|> is {enc.eot_token}, train_gpt2 expects {EOT_TOKEN}")
+    return enc
+
+
+_WORKER_ENCODING = None  # set in each pool worker by _init_worker (spawn-safe: passed, not inherited)
+
+
+def _init_worker(enc) -> None:
+    global _WORKER_ENCODING
+    _WORKER_ENCODING = enc
+
+
+def encode_documents(enc, docs: list[str]) -> list[np.ndarray]:
+    """[<|endoftext|>] + tokens of each document, as uint16 arrays."""
+    out = []
+    # A plain loop, not enc.encode_ordinary_batch: tiktoken 0.14's encode_ordinary keeps the GIL, so the
+    # batch call's thread pool only adds overhead (about 2x slower here; scripts/bench_fineweb.py measures
+    # it). Parallelism comes from the worker processes instead.
+    for doc in docs:
+        tokens = enc.encode_ordinary(doc)
+        ids = np.empty(len(tokens) + 1, dtype=np.uint32)
+        ids[0] = enc.eot_token
+        ids[1:] = tokens
+        if ids.max() >= 2**16:
+            raise ValueError(f"token id {int(ids.max())} does not fit in uint16")
+        out.append(ids.astype(DTYPE))
+    return out
+
+
+def tokenize_batch(docs: list[str]) -> list[np.ndarray]:
+    """Pool task: encode a batch of documents with this process's tokenizer."""
+    global _WORKER_ENCODING
+    if _WORKER_ENCODING is None:  # called outside a pool (tests, workers=1)
+        _WORKER_ENCODING = load_tokenizer()
+    return encode_documents(_WORKER_ENCODING, docs)
+
+
+def tokenize_documents(
+    docs: Iterable[str], enc, workers: int = 1, start_method: Optional[str] = None
+) -> Iterator[list[np.ndarray]]:
+    """Token arrays of the documents, in order, one list per batch; workers > 1 uses a process pool."""
+    batches = batch_documents(docs)
+    if workers == 1:  # no pool: no start-up cost, and errors surface with their own traceback
+        for batch in batches:
+            yield encode_documents(enc, batch)
+        return
+    ctx = multiprocessing.get_context(start_method)
+    with ctx.Pool(workers, initializer=_init_worker, initargs=(enc,)) as pool:
+        # imap keeps document order. It reads `batches` in a pool thread; a CorpusError raised there is
+        # re-raised here (only Exception subclasses are, which is why CorpusError is not a SystemExit).
+        yield from pool.imap(tokenize_batch, batches)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Writing shards
+
+
+def shard_name(prefix: str, index: int) -> str:
+    """{prefix}_{val|train}_{index:06d}.npy: shard 0 is the validation split."""
+    return f"{prefix}_{'val' if index == 0 else 'train'}_{index:06d}.npy"
+
+
+def small_corpus_val_size(tokens: np.ndarray, eot: int) -> int:
+    """How many leading tokens of a one-shard corpus go to val (see SMALL_RULE)."""
+    n = len(tokens)
+    if n < 2:
+        raise CorpusError(f"the corpus has {n} token(s); a val and a train split need at least 2")
+    target = min(max(round(n * SMALL_VAL_FRACTION), 1), n - 1)
+    lo = max(math.ceil(n * SMALL_VAL_WINDOW[0]), 1)
+    hi = min(math.floor(n * SMALL_VAL_WINDOW[1]), n - 1)
+    starts = np.flatnonzero(tokens == eot)  # every document starts with <|endoftext|>
+    starts = starts[(starts >= lo) & (starts <= hi)]
+    if len(starts):
+        return int(starts[np.argmin(np.abs(starts - target))])
+    return target
+
+
+def _atomic_write(path: Path, write) -> None:
+    """Write via a temp file in the same directory and os.replace, so a reader never sees half a file."""
+    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+class ShardWriter:
+    """Packs token arrays into shards of shard_size tokens; a document may span any number of shards."""
+
+    def __init__(self, out_dir: str | os.PathLike, prefix: str, shard_size: int, eot: int):
+        if shard_size < 1:
+            raise ValueError("shard_size must be positive")
+        self.out_dir = Path(out_dir)
+        self.prefix = prefix
+        self.shard_size = shard_size
+        self.eot = eot
+        self.shards: list[dict] = []  # {"file", "split", "tokens"} per shard written
+        self.docs = 0
+        self.tokens = 0
+        self.small_split: Optional[dict] = None  # set when a one-shard corpus was split into val + train
+        self._buf = np.empty(min(shard_size, 1 << 20), dtype=DTYPE)  # grows to shard_size when needed
+        self._fill = 0
+
+    def add(self, tokens: np.ndarray) -> None:
+        """Append one document's tokens ([<|endoftext|>] + text)."""
+        self.docs += 1
+        self.tokens += len(tokens)
+        pos = 0
+        while pos < len(tokens):
+            if self._fill == self.shard_size:
+                # Flush only now that more tokens exist: a corpus of exactly one shard is still "small".
+                self._write(self._buf[: self._fill])
+                self._fill = 0
+            take = min(len(tokens) - pos, self.shard_size - self._fill)
+            if self._fill + take > len(self._buf):
+                grown = np.empty(min(self.shard_size, max(2 * len(self._buf), self._fill + take)), dtype=DTYPE)
+                grown[: self._fill] = self._buf[: self._fill]
+                self._buf = grown
+            self._buf[self._fill : self._fill + take] = tokens[pos : pos + take]
+            self._fill += take
+            pos += take
+
+    def close(self) -> list[dict]:
+        """Write what is buffered (the remainder, or the val/train split of a small corpus)."""
+        if not self.shards:
+            if self._fill == 0:
+                raise CorpusError("no documents: the corpus is empty")
+            data = self._buf[: self._fill]
+            n_val = small_corpus_val_size(data, self.eot)
+            self.small_split = {
+                "val_tokens": n_val,
+                "train_tokens": self._fill - n_val,
+                "at_document_boundary": bool(data[n_val] == self.eot),
+            }
+            self._write(data[:n_val])
+            self._write(data[n_val:])
+        elif self._fill:
+            self._write(self._buf[: self._fill])
+        self._fill = 0
+        return self.shards
+
+    def discard(self) -> int:
+        """Delete the shards written so far (after a failure: without a manifest they are unusable)."""
+        for shard in self.shards:
+            (self.out_dir / shard["file"]).unlink(missing_ok=True)
+        n, self.shards = len(self.shards), []
+        return n
+
+    def _write(self, tokens: np.ndarray) -> None:
+        index = len(self.shards)
+        name = shard_name(self.prefix, index)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        _atomic_write(self.out_dir / name, lambda f: np.save(f, tokens, allow_pickle=False))
+        self.shards.append({"file": name, "split": "val" if index == 0 else "train", "tokens": int(len(tokens))})
+
+
+def find_outputs(out_dir: str | os.PathLike, prefix: str) -> tuple[list[Path], list[Path]]:
+    """(files of ours: shards with this prefix, their temp files, the manifest; shards with other prefixes)."""
+    out_dir = Path(out_dir)
+    ours, others = [], []
+    if not out_dir.is_dir():
+        return ours, others
+    for path in sorted(out_dir.iterdir()):
+        m = SHARD_RE.match(path.name)
+        if m:
+            (ours if m["prefix"] == prefix else others).append(path)
+        elif path.name in (MANIFEST, ".manifest.tmp.json") or (
+            path.name.startswith(f".{prefix}_") and ".tmp." in path.name  # left by a killed run
+        ):
+            ours.append(path)
+    return ours, others
+
+
+def check_out_dir(out_dir: str | os.PathLike, prefix: str, overwrite: bool) -> list[Path]:
+    """Refuse to mix two corpora in one directory; returns the old files that overwrite will delete."""
+    ours, others = find_outputs(out_dir, prefix)
+    if others:
+        raise CorpusError(
+            f"{out_dir} holds shards with another prefix (e.g. {others[0].name}); one directory holds one "
+            f"corpus, so choose another --out_dir"
+        )
+    if ours and not overwrite:
+        raise CorpusError(
+            f"{out_dir} already holds {len(ours)} file(s) from an earlier run (e.g. {ours[0].name}); "
+            f"pass --overwrite to replace them, or choose another --out_dir"
+        )
+    return ours
+
+
+def write_manifest(out_dir: str | os.PathLike, manifest: dict) -> Path:
+    """manifest.json beside the shards, written atomically and last: its presence means the run finished."""
+    path = Path(out_dir) / MANIFEST
+    _atomic_write(path, lambda f: f.write((json.dumps(manifest, indent=2) + "\n").encode()))
+    return path
+
+
+def build_manifest(writer: ShardWriter, enc, source: dict) -> dict:
+    """What a reader needs to trust the shards: tokenizer, dtype, files and their token counts, origin."""
+    return {
+        "tokenizer": enc.name,
+        "vocab_size": enc.n_vocab,
+        "eot_token": enc.eot_token,
+        "dtype": np.dtype(DTYPE).name,
+        "format": "npy: a 1-D array per shard; each document is <|endoftext|> followed by its tokens",
+        "source": source,
+        "shard_size": writer.shard_size,
+        "small_corpus_split": writer.small_split,
+        "total_documents": writer.docs,
+        "total_tokens": writer.tokens,
+        "shards": writer.shards,
+    }
+
+
+def run_pipeline(
+    docs: Iterable[str],
+    out_dir: str | os.PathLike,
+    prefix: str,
+    shard_size: int,
+    enc,
+    workers: int = 1,
+    start_method: Optional[str] = None,
+    source: Optional[dict] = None,
+    progress: bool = False,
+) -> dict:
+    """Tokenise docs into shards plus manifest.json in out_dir (assumed clear); returns the manifest.
+
+    On any failure the shards written so far are deleted, so a directory never holds a partial corpus.
+    """
+    writer = ShardWriter(out_dir, prefix, shard_size, enc.eot_token)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(unit="tok", unit_scale=True, desc=f"tokenizing -> {prefix}", smoothing=0.1)
+    t0 = time.perf_counter()
+    stream = tokenize_documents(docs, enc, workers, start_method)
+    try:
+        for arrays in stream:
+            for tokens in arrays:
+                writer.add(tokens)
+            if bar is not None:
+                bar.update(sum(len(a) for a in arrays))
+                bar.set_postfix_str(f"{writer.docs / (time.perf_counter() - t0):,.0f} docs/s", refresh=False)
+        writer.close()
+        manifest = build_manifest(writer, enc, source or {})
+        manifest["seconds"] = round(time.perf_counter() - t0, 3)
+        write_manifest(out_dir, manifest)
+    except BaseException:
+        writer.discard()
+        raise
+    finally:
+        stream.close()  # stops the pool now, not whenever the generator is garbage-collected
+        if bar is not None:
+            bar.close()
+    return manifest
+
+
+# ----------------------------------------------------------------------------------------------------------
+# CLI
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)  # int() accepts 100_000_000
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
+def _default_workers() -> int:
+    try:
+        return len(os.sched_getaffinity(0))  # respects container/taskset CPU limits
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fineweb.py",
+        description="Tokenise a corpus with GPT-2 into uint16 .npy shards (shard 000000 = val, the rest = train).",
+        epilog="\n\n".join(textwrap.fill(p, 100) for p in (
+            f"Documents. {TXT_RULE} A .jsonl file holds one JSON object per line and a .parquet file a table; "
+            f"the document is the --text_field value. Documents with no visible text are skipped. Each document "
+            f"is written as <|endoftext|> followed by its tokens.",
+            f"Small corpus. {SMALL_RULE}",
+            f"Output. {{prefix}}_val_000000.npy, {{prefix}}_train_000001.npy, ... and {MANIFEST} (tokenizer, "
+            f"dtype, per-shard token counts, source), each written atomically, the manifest last. An --out_dir "
+            f"that already holds shards or a manifest is refused unless --overwrite is given.",
+        )),
+        formatter_class=lambda prog: argparse.RawDescriptionHelpFormatter(prog, max_help_position=32),
+    )
+    src = parser.add_argument_group("source (default: FineWeb-Edu sample-10BT from the Hugging Face hub)")
+    src.add_argument("--local", nargs="+", metavar="FILE", help="local .txt, .jsonl or .parquet files, in order")
+    src.add_argument("--dataset", default=DEFAULT_DATASET, help="hub dataset (default: %(default)s)")
+    src.add_argument("--name", default=DEFAULT_NAME, help="hub dataset config, '' for none (default: %(default)s)")
+    src.add_argument("--split", default=DEFAULT_SPLIT, help="hub dataset split (default: %(default)s)")
+    src.add_argument("--text_field", default="text", help="field/column with the text (default: %(default)s)")
+    out = parser.add_argument_group("output")
+    out.add_argument("--out_dir", type=Path, help=f"default: {DEFAULT_OUT_DIR.name}/ next to this script for the "
+                     "hub, data/{prefix}/ for --local")
+    out.add_argument("--prefix", help=f"shard name prefix (default: {DEFAULT_PREFIX} for the hub, the first "
+                     "file's name for --local)")
+    out.add_argument("--shard_size", type=_positive_int, default=DEFAULT_SHARD_SIZE,
+                     help="tokens per shard (default: 100_000_000)")
+    out.add_argument("--overwrite", action="store_true",
+                     help="delete this prefix's shards and the manifest in --out_dir first")
+    run = parser.add_argument_group("run")
+    run.add_argument("--workers", type=_positive_int, default=_default_workers(),
+                     help="tokenizer processes; 1 = no pool (default: CPUs available, %(default)s)")
+    run.add_argument("--start_method", choices=multiprocessing.get_all_start_methods(),
+                     help="multiprocessing start method (default: the platform's)")
+    run.add_argument("--no_progress", action="store_true", help="no progress bar")
+    return parser
+
+
+def main(argv=None) -> dict:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+
+    if args.local:
+        prefix = args.prefix or re.sub(r"[^A-Za-z0-9_-]+", "_", Path(args.local[0]).stem) or "corpus"
+        out_dir = args.out_dir or HERE / "data" / prefix
+        source = {"type": "local", "files": [str(Path(p).resolve()) for p in args.local], "text_field": args.text_field}
+        describe = ", ".join(args.local)
+    else:
+        prefix = args.prefix or DEFAULT_PREFIX
+        out_dir = args.out_dir or DEFAULT_OUT_DIR
+        source = {"type": "hub", "dataset": args.dataset, "name": args.name, "split": args.split,
+                  "text_field": args.text_field}
+        describe = f"{args.dataset} ({args.name}, {args.split})"
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", prefix):
+        parser.error(f"--prefix {prefix!r}: use letters, digits, '.', '_' and '-' (no path separators)")
+
+    try:
+        if args.local:
+            check_local_files(args.local)
+            docs = iter_documents(args.local, args.text_field)
+        else:
+            docs = iter_hub_documents(args.dataset, args.name or None, args.split, args.text_field)
+        stale = check_out_dir(out_dir, prefix, args.overwrite)
+        # Read one document before loading the tokenizer (train_gpt2 imports torch, ~2 s) and starting the
+        # pool: a wrong field, a bad first line or an empty corpus then fails at once.
+        first = next(docs, None)
+        if first is None:
+            raise CorpusError(f"no documents in {describe} (empty, or only blank text)")
+        docs = itertools.chain([first], docs)
+        for path in stale:
+            path.unlink()
+        if stale:
+            print(f"--overwrite: removed {len(stale)} old file(s) from {out_dir}")
+        print(f"tokenizing {describe} -> {out_dir}/{prefix}_*.npy with {args.workers} worker(s)")
+        manifest = run_pipeline(docs, out_dir, prefix, args.shard_size, load_tokenizer(), args.workers,
+                                args.start_method, source, progress=not args.no_progress)
+    except CorpusError as e:
+        raise SystemExit(f"fineweb.py: error: {e}") from None
+    except KeyboardInterrupt:
+        raise SystemExit("fineweb.py: interrupted; the shards written so far were removed") from None
+
+    split = manifest["small_corpus_split"]
+    if split:
+        total = manifest["total_tokens"]
+        where = "at a document boundary" if split["at_document_boundary"] else "mid-document"
+        print(f"small corpus: {total:,} tokens fit in one shard of {args.shard_size:,}, so it was split "
+              f"{where}: val {split['val_tokens']:,} tokens ({split['val_tokens'] / total:.1%}), "
+              f"train {split['train_tokens']:,}")
+    n_val = sum(s["split"] == "val" for s in manifest["shards"])
+    seconds = manifest["seconds"]
+    print(f"done: {manifest['total_documents']:,} documents, {manifest['total_tokens']:,} tokens, "
+          f"{len(manifest['shards'])} shards ({n_val} val, {len(manifest['shards']) - n_val} train) in "
+          f"{seconds:.1f} s ({manifest['total_tokens'] / max(seconds, 1e-9):,.0f} tokens/s); "
+          f"manifest: {Path(out_dir) / MANIFEST}")
+    return manifest
+
+
+if __name__ == "__main__":
+    main()
