@@ -906,7 +906,7 @@ def _train(cfg: TrainConfig, rt: Runtime, log) -> dict:
     val_stream = TokenStream.from_split(cfg.data_root, "val") if cfg.eval_interval else None
     optimizer = model.configure_optimizers(cfg.weight_decay, cfg.max_lr, rt.device_type)
 
-    start_step, evals_done, resumed_from = 0, False, None
+    start_step, evals_done, resumed_from, val_loss = 0, False, None, None
     if cfg.resume:
         if cfg.resume == "auto":
             path, ckpt, warnings = newest_valid_checkpoint(log_dir)
@@ -922,6 +922,7 @@ def _train(cfg: TrainConfig, rt: Runtime, log) -> dict:
             train_loader.load_state_dict(ckpt["train_loader"])
             restore_rng_state(ckpt["rng"])
             start_step, evals_done, resumed_from = ckpt["step"], ckpt["evals_done"], str(path)
+            val_loss = ckpt["val_loss"]  # the latest one, until the next evaluation
             log(f"resumed from {path} at step {start_step}")
         else:
             log(f"no checkpoint in {log_dir}: starting fresh")
@@ -950,7 +951,7 @@ def _train(cfg: TrainConfig, rt: Runtime, log) -> dict:
         wandb_run = wandb.init(project=cfg.wandb_project, config=dataclasses.asdict(cfg), resume="allow")
 
     hella_examples, fixed_batch = None, None
-    metrics = {"step": start_step, "val_loss": None, "hellaswag": None, "train_loss": None}
+    metrics = {"step": start_step, "val_loss": val_loss, "hellaswag": None, "train_loss": None}
 
     def save(step: int, done: bool) -> Path:
         """Checkpoint after `step` updates (rank 0); `done`: this step's evaluations are already logged."""
@@ -1109,7 +1110,7 @@ def plot_curves(log_dir: str | os.PathLike, out_path: str | os.PathLike | None =
     for kind in ("train", "val"):
         if series.get(kind):
             axes[0].plot(*zip(*series[kind]), label=f"{kind} loss")
-    axes[0].axhline(GPT2_124M_VAL_LOSS, color="red", linestyle="--", label=f"GPT-2 124M val loss ({GPT2_124M_VAL_LOSS})")
+    axes[0].axhline(GPT2_124M_VAL_LOSS, color="red", linestyle="--", label=f"GPT-2 124M val ({GPT2_124M_VAL_LOSS})")
     axes[0].set(xlabel="step", ylabel="loss", title="loss")
     if hella:
         axes[1].plot(*zip(*hella), label="ours")
@@ -1190,9 +1191,16 @@ def str2bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (the full usage of ~40 flags would bury it); -h still shows it all."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see -h)\n")
+
+
 def train_parser() -> argparse.ArgumentParser:
     """--field value for every TrainConfig field, plus --preset; explicit flags override the preset."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         description="Train GPT-2 (sub-commands: sample, plot, export; see `train_gpt2.py sample -h`).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--preset", choices=sorted(PRESETS), help="a named recipe; other flags override it")
@@ -1219,7 +1227,7 @@ def parse_train_args(argv: list[str]) -> TrainConfig:
 
 
 def sample_main(argv: list[str]):
-    parser = argparse.ArgumentParser(prog="train_gpt2.py sample", description="Print samples from a model.")
+    parser = Parser(prog="train_gpt2.py sample", description="Print samples from a model.")
     parser.add_argument("--init_from", default="gpt2", help="gpt2 | gpt2-medium | ... | HF_DIR | CHECKPOINT.pt")
     parser.add_argument("--prompt", default="Hello, I'm a language model,")
     parser.add_argument("--num_samples", type=int, default=5)
