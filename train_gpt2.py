@@ -872,6 +872,41 @@ def build_model(cfg: TrainConfig) -> GPT:
     return model
 
 
+def find_resume_checkpoint(resume: str, log_dir: Path, log) -> tuple[Optional[dict], Optional[str]]:
+    """--resume auto: the newest readable checkpoint in log_dir (None: start fresh); else the named file."""
+    if resume != "auto":
+        return load_checkpoint(resume), resume
+    path, ckpt, warnings = newest_valid_checkpoint(log_dir)
+    for w in warnings:
+        log(f"warning: {w}")
+    if ckpt is None:
+        log(f"no checkpoint in {log_dir}: starting fresh")
+    return ckpt, str(path) if path else None
+
+
+def accumulate_gradients(model: nn.Module, next_batch, grad_accum: int, rt: Runtime, dtype: str) -> torch.Tensor:
+    """Forward/backward over grad_accum micro-batches; returns the mean loss (averaged over ranks under DDP)."""
+    loss_accum = torch.zeros((), device=rt.device)
+    for micro in range(grad_accum):
+        x, y = next_batch()
+        if rt.device_type == "cuda":  # pinned memory lets the copy overlap with compute
+            x, y = x.pin_memory().to(rt.device, non_blocking=True), y.pin_memory().to(rt.device, non_blocking=True)
+        else:
+            x, y = x.to(rt.device), y.to(rt.device)
+        if rt.ddp:  # all-reduce gradients only on the last micro-step (must be set before the forward)
+            model.require_backward_grad_sync = micro == grad_accum - 1
+        with autocast_context(rt.device_type, dtype):
+            _, loss = model(x, y)
+        # The loss is a mean over B*T tokens; dividing by grad_accum makes the summed gradients those of the
+        # mean over the whole total batch.
+        loss = loss / grad_accum
+        loss_accum += loss.detach()
+        loss.backward()
+    if rt.ddp:
+        dist.all_reduce(loss_accum, op=dist.ReduceOp.AVG)
+    return loss_accum
+
+
 def train(cfg: TrainConfig, log=print) -> dict:
     """Run training as configured (one process, or one rank under torchrun); return the final metrics."""
     rt = setup_runtime(cfg.device)
@@ -908,24 +943,16 @@ def _train(cfg: TrainConfig, rt: Runtime, log) -> dict:
 
     start_step, evals_done, resumed_from, val_loss = 0, False, None, None
     if cfg.resume:
-        if cfg.resume == "auto":
-            path, ckpt, warnings = newest_valid_checkpoint(log_dir)
-            for w in warnings:
-                log(f"warning: {w}")
-        else:
-            path, ckpt = Path(cfg.resume), load_checkpoint(cfg.resume)
+        ckpt, resumed_from = find_resume_checkpoint(cfg.resume, log_dir, log)
         if ckpt is not None:
             if GPTConfig(**ckpt["model_config"]) != model.config:
-                raise ValueError(f"{path} holds a model of shape {ckpt['model_config']}, this run builds {model.config}")
+                raise ValueError(f"{resumed_from} holds a model of shape {ckpt['model_config']}, this run builds {model.config}")
             model.load_state_dict(ckpt["model"])
             optimizer.load_state_dict(ckpt["optimizer"])
             train_loader.load_state_dict(ckpt["train_loader"])
             restore_rng_state(ckpt["rng"])
-            start_step, evals_done, resumed_from = ckpt["step"], ckpt["evals_done"], str(path)
-            val_loss = ckpt["val_loss"]  # the latest one, until the next evaluation
-            log(f"resumed from {path} at step {start_step}")
-        else:
-            log(f"no checkpoint in {log_dir}: starting fresh")
+            start_step, evals_done, val_loss = ckpt["step"], ckpt["evals_done"], ckpt["val_loss"]
+            log(f"resumed from {resumed_from} at step {start_step}")
 
     raw_model = model  # uncompiled, unwrapped: evaluation, sampling and checkpoints use it
     train_model = torch.compile(model) if use_compile else model
@@ -950,7 +977,9 @@ def _train(cfg: TrainConfig, rt: Runtime, log) -> dict:
 
         wandb_run = wandb.init(project=cfg.wandb_project, config=dataclasses.asdict(cfg), resume="allow")
 
-    hella_examples, fixed_batch = None, None
+    hella_examples = None
+    fixed_batch = train_loader.next_batch() if cfg.overfit_batch else None
+    next_batch = (lambda: fixed_batch) if cfg.overfit_batch else train_loader.next_batch
     metrics = {"step": start_step, "val_loss": val_loss, "hellaswag": None, "train_loss": None}
 
     def save(step: int, done: bool) -> Path:
@@ -998,30 +1027,8 @@ def _train(cfg: TrainConfig, rt: Runtime, log) -> dict:
 
             t0 = time.time()
             optimizer.zero_grad(set_to_none=True)
-            loss_accum = torch.zeros((), device=rt.device)
-            for micro in range(grad_accum):
-                if cfg.overfit_batch:
-                    fixed_batch = fixed_batch or train_loader.next_batch()
-                    x, y = fixed_batch
-                else:
-                    x, y = train_loader.next_batch()
-                if rt.device_type == "cuda":
-                    x, y = x.pin_memory().to(rt.device, non_blocking=True), y.pin_memory().to(rt.device, non_blocking=True)
-                else:
-                    x, y = x.to(rt.device), y.to(rt.device)
-                if rt.ddp:  # all-reduce gradients only on the last micro-step (must be set before forward)
-                    train_model.require_backward_grad_sync = micro == grad_accum - 1
-                with autocast_context(rt.device_type, dtype):
-                    _, loss = train_model(x, y)
-                # The loss is a mean over B*T tokens; dividing by grad_accum makes the summed gradients the
-                # gradient of the mean over the whole total batch.
-                loss = loss / grad_accum
-                loss_accum += loss.detach()
-                loss.backward()
-            if rt.ddp:
-                dist.all_reduce(loss_accum, op=dist.ReduceOp.AVG)
-            params = raw_model.parameters()
-            norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
+            loss_accum = accumulate_gradients(train_model, next_batch, grad_accum, rt, dtype)
+            norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg.grad_clip or float("inf"))
             lr = get_lr(step, cfg.max_lr, min_lr, cfg.warmup_steps, decay_steps)
             for group in optimizer.param_groups:
                 group["lr"] = lr
@@ -1033,7 +1040,6 @@ def _train(cfg: TrainConfig, rt: Runtime, log) -> dict:
                                          f"last good checkpoint: {good[-1] if good else 'none'} "
                                          "(lower --max_lr, or pass --skip_nonfinite true)")
                 log(f"step {step:5d} | non-finite loss {loss_value} / grad norm {norm_value}: update skipped")
-                optimizer.zero_grad(set_to_none=True)
             else:
                 optimizer.step()
             if rt.device_type == "cuda":
