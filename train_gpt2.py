@@ -1009,13 +1009,13 @@ def _train(cfg: TrainConfig, rt: Runtime, log) -> dict:
                     log(f"step {step:5d} | val loss {metrics['val_loss']:.4f}")
                     run_log.write(step, "val", metrics["val_loss"])
                 if due(cfg.hellaswag_interval):
-                    hella_examples = hella_examples if hella_examples is not None else load_hellaswag(cfg, log)
-                    if hella_examples:
+                    hella_examples = hella_examples if hella_examples is not None else load_hellaswag(cfg, rt, log)
+                    if hella_examples:  # every rank scores its share; counts are all-reduced inside
                         import hellaswag
 
-                        with autocast_context(rt.device_type, dtype):
-                            res = hellaswag.evaluate(raw_model, hella_examples, rt.device, rank=rt.rank,
-                                                     world_size=rt.world_size)
+                        res = hellaswag.evaluate(raw_model, hella_examples, rt.device, rank=rt.rank,
+                                                 world_size=rt.world_size,
+                                                 autocast_dtype=torch.bfloat16 if dtype == "bfloat16" else None)
                         metrics["hellaswag"] = res["acc_norm"]
                         log(f"step {step:5d} | HellaSwag acc_norm {res['correct_norm']}/{res['n']} = {res['acc_norm']:.4f}")
                         run_log.write(step, "hella", res["acc_norm"])
@@ -1067,14 +1067,22 @@ def _train(cfg: TrainConfig, rt: Runtime, log) -> dict:
     return metrics
 
 
-def load_hellaswag(cfg: TrainConfig, log) -> list:
-    """HellaSwag val examples, or [] with a message when they cannot be had (e.g. offline)."""
-    try:
-        import hellaswag
+def load_hellaswag(cfg: TrainConfig, rt: Runtime, log) -> list:
+    """HellaSwag val examples, or [] with a message when they cannot be had (e.g. offline). Rank 0 goes first,
+    so the file is downloaded once; the same answer on every rank, since all of them call evaluate()."""
+    import hellaswag
 
-        examples = hellaswag.load_examples("val", data=cfg.hellaswag_data or None)
-    except (ImportError, FileNotFoundError, OSError) as e:
-        log(f"HellaSwag skipped: {e}")
+    examples, error = [], None
+    for turn in (0, 1):
+        if (rt.rank == 0) == (turn == 0):
+            try:
+                examples = hellaswag.load_examples("val", data=cfg.hellaswag_data or None)
+            except (FileNotFoundError, OSError, ValueError) as e:
+                error = e
+        if rt.ddp:
+            dist.barrier()
+    if all_ranks_agree(error is not None, rt):
+        log(f"HellaSwag skipped: {error or 'unavailable on another rank'}")
         return []
     return examples[: cfg.hellaswag_limit] if cfg.hellaswag_limit else examples
 
