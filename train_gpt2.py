@@ -152,12 +152,12 @@ PRESETS = {
                       warmup_steps=715, max_lr=6e-4, min_lr_ratio=0.1, weight_decay=0.1, grad_clip=1.0,
                       eval_interval=250, val_tokens=10485760, hellaswag_interval=250, sample_interval=250,
                       ckpt_interval=5000),
-    # A small model on input.txt (`python fineweb.py --local input.txt --out_dir data/shakespeare`): a few
-    # minutes on a 2-core CPU, val loss from ~10.8 to well under 7. The unpadded vocabulary: no GPU to align to.
+    # A small model on input.txt (`python fineweb.py --local input.txt --out_dir data/shakespeare`): about three
+    # minutes on a 2-core CPU, val loss from 10.8 to about 6. The unpadded vocabulary: no GPU to align it for.
     "shakespeare": dict(data_root="data/shakespeare", log_dir="log/shakespeare", n_layer=4, n_head=4, n_embd=128,
-                        block_size=128, vocab_size=50257, batch_size=16, seq_len=128, total_batch_size=4096,
-                        max_steps=150, warmup_steps=15, max_lr=3e-3, eval_interval=50, val_tokens=16384,
-                        hellaswag_interval=0, sample_interval=75, ckpt_interval=150, device="cpu"),
+                        block_size=128, vocab_size=50257, batch_size=16, seq_len=128, total_batch_size=2048,
+                        max_steps=100, warmup_steps=10, max_lr=3e-3, eval_interval=25, val_tokens=8192,
+                        hellaswag_interval=0, sample_interval=50, sample_prompt="KING.\n", ckpt_interval=100),
 }
 
 
@@ -194,13 +194,20 @@ def get_tokenizer(vocab_file: str | os.PathLike = GPT2_VOCAB_FILE):
 
 
 class KVCache:
-    """Keys and values of the tokens generated so far, preallocated for `block_size` positions."""
+    """Keys and values of the positions seen so far, preallocated for `length` positions (default block_size)."""
 
-    def __init__(self, config: GPTConfig, batch_size: int, device, dtype):
-        shape = (config.n_layer, batch_size, config.n_head, config.block_size, config.n_embd // config.n_head)
+    def __init__(self, config: GPTConfig, batch_size: int, device, dtype, length: Optional[int] = None):
+        self.length = config.block_size if length is None else length  # short sequences need less memory
+        shape = (config.n_layer, batch_size, config.n_head, self.length, config.n_embd // config.n_head)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.pos = 0  # number of positions already cached
+
+    def repeat_rows(self, n: int):
+        """Repeat each row n times (batch B -> B * n; row b becomes rows b * n .. b * n + n - 1), so that n
+        different continuations of each cached prefix can follow it (e.g. the 4 endings of a shared context)."""
+        self.k = self.k.repeat_interleave(n, dim=1)
+        self.v = self.v.repeat_interleave(n, dim=1)
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         """Store k, v (B, nh, T, hs) after the cached positions; return all keys and values so far."""
@@ -224,12 +231,16 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        # With a cache, either prefill (nothing cached yet: ordinary causal attention) or decode one token,
-        # whose query may see every cached key: is_causal=True would align the mask top-left and hide them.
-        is_causal = kv_cache is None or kv_cache.pos == 0
+        pos = 0 if kv_cache is None else kv_cache.pos  # positions cached before these T
         if kv_cache is not None:
             k, v = kv_cache.update(self.layer, k, v)  # (B, nh, pos+T, hs)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)  # (B, nh, T, hs)
+        if pos == 0:  # nothing cached: ordinary causal attention
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
+        else:
+            # The queries are positions pos..pos+T-1, the keys 0..pos+T-1: query i sees keys up to pos + i, a
+            # causal mask shifted right by pos (is_causal=True would align it top-left and hide the cache).
+            mask = torch.ones(T, pos + T, dtype=torch.bool, device=x.device).tril(diagonal=pos)  # (T, pos+T)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # merge heads
         return self.c_proj(y)
 
@@ -296,23 +307,28 @@ class GPT(nn.Module):
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
-    def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None, kv_cache: Optional[KVCache] = None):
-        """idx (B, T) token ids -> (logits (B, T, vocab), mean cross-entropy over targets != -100, or None)."""
+    def features(self, idx: torch.Tensor, kv_cache: Optional[KVCache] = None) -> torch.Tensor:
+        """idx (B, T) token ids -> final hidden states (B, T, C) after ln_f, which lm_head turns into logits.
+        With a kv_cache, idx continues the cached positions: a prefill, a decode step or a chunk of T tokens."""
         if idx.dim() != 2 or idx.size(1) == 0:
             raise ValueError(f"idx must be a non-empty (B, T) tensor of token ids, got shape {tuple(idx.shape)}")
         B, T = idx.size()
         start = 0 if kv_cache is None else kv_cache.pos
         if start + T > self.config.block_size:
             raise ValueError(f"sequence length {start + T} exceeds block_size {self.config.block_size}")
-        if kv_cache is not None and start > 0 and T != 1:
-            raise ValueError("with a non-empty KV cache, feed one token at a time")
+        if kv_cache is not None and start + T > kv_cache.length:
+            raise ValueError(f"sequence length {start + T} exceeds the KV cache's length {kv_cache.length}")
         pos = torch.arange(start, start + T, dtype=torch.long, device=idx.device)  # (T,)
         x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C)
         for block in self.transformer.h:
             x = block(x, kv_cache)
         if kv_cache is not None:
             kv_cache.pos += T
-        logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, vocab)
+        return self.transformer.ln_f(x)
+
+    def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None, kv_cache: Optional[KVCache] = None):
+        """idx (B, T) token ids -> (logits (B, T, vocab), mean cross-entropy over targets != -100, or None)."""
+        logits = self.lm_head(self.features(idx, kv_cache))  # (B, T, vocab)
         loss = None
         if targets is not None:
             # fp32 softmax; positions whose target is -100 (padding) are left out of the mean
