@@ -459,7 +459,7 @@ def test_explicit_flags_override_a_preset():
     # the flag wins wherever it stands, and over a value the preset sets
     shk = parse_train_args(["--max_lr", "1e-3", "--preset", "shakespeare", "--n_layer", "2"])
     assert shk.max_lr == 1e-3 and shk.n_layer == 2
-    assert (shk.n_embd, shk.vocab_size, shk.data_root, shk.device) == (128, 50257, "data/shakespeare", "cpu")
+    assert (shk.n_embd, shk.vocab_size, shk.data_root, shk.device) == (128, 50257, "data/shakespeare", "auto")
 
 
 @pytest.mark.parametrize("text, value", [("true", True), ("false", False), ("1", True), ("0", False)])
