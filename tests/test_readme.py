@@ -1,0 +1,114 @@
+"""README.md is part of the product: its commands must parse, and the quick start must run (at tiny settings)."""
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import train_gpt2
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def bash_blocks(text: str) -> list[str]:
+    return re.findall(r"```bash\n(.*?)```", text, flags=re.S)
+
+
+def commands(block: str) -> list[list[str]]:
+    """Each `&&`-separated command of a block as argv, comments and line continuations removed."""
+    joined = block.replace("\\\n", " ")
+    out = []
+    for line in joined.splitlines():
+        for part in line.split("&&"):
+            argv = shlex.split(part, comments=True)
+            if argv:
+                out.append(argv)
+    return out
+
+
+def readme_commands() -> list[list[str]]:
+    return [argv for block in bash_blocks(README) for argv in commands(block)]
+
+
+def section(title: str) -> str:
+    return README.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def run(argv, **kw):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, **kw)
+
+
+def test_quick_start_has_exactly_two_commands_and_ci_runs_the_test_one():
+    blocks = bash_blocks(section("Quick start"))
+    assert len(blocks) == 2 and all(len(b.strip().splitlines()) == 1 for b in blocks)
+    main_job, test_job = (commands(b) for b in blocks)
+    assert main_job[0][:3] == test_job[0][:3] == ["pip", "install", "-r"]
+    assert main_job[-1][:3] == ["python", "train_gpt2.py", "--preset"]
+    ci_lines = [ln.strip() for ln in (ROOT / ".ci/run").read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+    assert shlex.split(ci_lines[-1]) == test_job[-1], "CI must run exactly the README's test command"
+    assert "requirements.txt" in (ROOT / ".ci/run").read_text()
+
+
+def train_args(argv: list[str]):
+    """The training flags of a `python train_gpt2.py ...` or `torchrun ... train_gpt2.py ...` command, else None."""
+    if "train_gpt2.py" not in argv:
+        return None
+    rest = argv[argv.index("train_gpt2.py") + 1 :]
+    return None if rest and rest[0] in ("sample", "plot", "export") else rest
+
+
+def test_every_training_command_in_the_readme_parses():
+    found = [args for argv in readme_commands() if (args := train_args(argv)) is not None]
+    assert len(found) >= 4
+    for args in found:
+        cfg = train_gpt2.parse_train_args(args)
+        if "gpt2-124M" in args:
+            assert (cfg.total_batch_size, cfg.max_steps, cfg.max_lr) == (524288, 19073, 6e-4)
+
+
+@pytest.mark.slow
+def test_readme_commands_run_at_tiny_settings(tmp_path):
+    """The quick start for real (shortened), then sample / plot / export / hellaswag as the README spells them."""
+    cmds = readme_commands()
+    fineweb = next(c for c in cmds if c[:2] == ["python", "fineweb.py"] and "--local" in c)
+    data = tmp_path / "data"
+    fineweb = [sys.executable if a == "python" else str(data) if a == "data/shakespeare" else a for a in fineweb]
+    assert run(fineweb).returncode == 0
+
+    train = next(c for c in cmds if c == ["python", "train_gpt2.py", "--preset", "shakespeare"])
+    log_dir = tmp_path / "log"
+    quick = ["--data_root", str(data), "--log_dir", str(log_dir), "--max_steps", "4", "--eval_interval", "2",
+             "--val_tokens", "1024", "--sample_interval", "4"]
+    result = run([sys.executable] + train[1:] + quick)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "val loss" in result.stdout and "sample:" in result.stdout
+    ckpt = log_dir / "model_00004.pt"
+    assert ckpt.is_file()
+
+    overfit = next(c for c in cmds if "--overfit_batch" in c)
+    result = run([sys.executable] + overfit[1:] + quick[:4] + ["--max_steps", "3"])
+    assert result.returncode == 0, result.stderr[-2000:]
+
+    # our checkpoint stands in for the hub model and for the README's log/model_19073.pt
+    subst = {"python": sys.executable, "gpt2": str(ckpt), "log/model_19073.pt": str(ckpt), "cuda": "cpu",
+             "out/gpt2-ours": str(tmp_path / "hf"), "log": str(log_dir)}
+    jsonl = tmp_path / "hs.jsonl"
+    jsonl.write_text('{"ctx": "The king", "endings": ["speaks.", "sleeps.", "runs away.", "is dead."], "label": 0}\n' * 3)
+    for argv in cmds:
+        if argv[:2] == ["python", "train_gpt2.py"] and len(argv) > 2 and argv[2] in ("sample", "plot", "export"):
+            argv = [subst.get(a, a) for a in argv]
+            if argv[2] == "sample":
+                argv[argv.index("--max_new_tokens") + 1] = "5"
+        elif argv[:2] == ["python", "hellaswag.py"]:
+            argv = [subst.get(a, a) for a in argv] + ["--data", str(jsonl)]
+        else:
+            continue
+        result = run(argv)
+        assert result.returncode == 0, (argv, result.stderr[-2000:])
+    assert (log_dir / "curves.png").is_file() and (tmp_path / "hf" / "config.json").is_file()
