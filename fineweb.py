@@ -414,6 +414,8 @@ def find_outputs(out_dir: str | os.PathLike, prefix: str) -> tuple[list[Path], l
 
 def check_out_dir(out_dir: str | os.PathLike, prefix: str, overwrite: bool) -> list[Path]:
     """Refuse to mix two corpora in one directory; returns the old files that overwrite will delete."""
+    if Path(out_dir).exists() and not Path(out_dir).is_dir():
+        raise CorpusError(f"--out_dir {out_dir} is a file, not a directory")
     ours, others = find_outputs(out_dir, prefix)
     if others:
         raise CorpusError(

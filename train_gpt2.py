@@ -138,6 +138,8 @@ class TrainConfig:
             raise ValueError(f"need 0 < max_lr < 1 and 0 <= min_lr_ratio <= 1, got {self.max_lr}, {self.min_lr_ratio}")
         if self.eval_interval and self.val_tokens <= 0:
             raise ValueError("--val_tokens must be positive when --eval_interval is set")
+        if self.hellaswag_data and not Path(self.hellaswag_data).is_file():
+            raise ValueError(f"--hellaswag_data {self.hellaswag_data} does not exist")
         if self.val_tokens % self.seq_len:
             raise ValueError(f"--val_tokens ({self.val_tokens}) must be a multiple of --seq_len ({self.seq_len})")
         for name, allowed in (("dtype", ("auto", "bfloat16", "float32")), ("compile", ("auto", "true", "false"))):
@@ -199,8 +201,8 @@ class KVCache:
     def __init__(self, config: GPTConfig, batch_size: int, device, dtype, length: Optional[int] = None):
         self.length = config.block_size if length is None else length  # short sequences need less memory
         shape = (config.n_layer, batch_size, config.n_head, self.length, config.n_embd // config.n_head)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.k = torch.empty(shape, device=device, dtype=dtype)  # positions past pos are never read
+        self.v = torch.empty(shape, device=device, dtype=dtype)
         self.pos = 0  # number of positions already cached
 
     def repeat_rows(self, n: int):
@@ -408,11 +410,14 @@ class GPT(nn.Module):
     def from_pretrained(cls, name_or_path: str) -> "GPT":
         """OpenAI GPT-2 weights: a hub name ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl', downloaded by
         transformers) or a local directory written by GPT2LMHeadModel.save_pretrained."""
-        from transformers import GPT2LMHeadModel  # heavy; only when asked for
-
         if name_or_path not in HF_HUB_MODELS and not Path(name_or_path).is_dir():
             raise ValueError(f"{name_or_path!r} is neither a GPT-2 hub name {list(HF_HUB_MODELS)} nor a directory")
-        hf = GPT2LMHeadModel.from_pretrained(name_or_path)
+        from transformers import GPT2LMHeadModel  # heavy; only when asked for
+
+        try:
+            hf = GPT2LMHeadModel.from_pretrained(name_or_path)
+        except (OSError, ValueError) as e:  # no weights there, or the hub unreachable
+            raise ValueError(f"cannot load a GPT-2 model from {name_or_path!r} ({str(e).strip().splitlines()[0]})") from None
         c = hf.config
         if c.activation_function not in ("gelu_new", "gelu_pytorch_tanh"):
             raise ValueError(f"{name_or_path}: activation {c.activation_function!r} is not GPT-2's tanh GELU")
@@ -623,13 +628,26 @@ def detect_device() -> str:
     return "cpu"
 
 
+def check_device(device: str) -> str:
+    """--device as torch wants it: auto resolved, and a clear error for a device this machine lacks."""
+    if device == "auto":
+        return detect_device()
+    if not re.fullmatch(r"cpu|mps|cuda(:\d+)?", device):
+        raise ValueError(f"--device {device!r}: use auto, cpu, cuda, cuda:N or mps")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: CUDA is not available on this machine (use --device cpu)")
+    if device == "mps" and detect_device() != "mps":
+        raise ValueError("--device mps: MPS is not available on this machine (use --device cpu)")
+    return device
+
+
 def setup_runtime(device: str = "auto") -> Runtime:
     """Single process, or DDP when torchrun set RANK/LOCAL_RANK/WORLD_SIZE (NCCL on CUDA, gloo on CPU)."""
+    device = check_device(device)
     if "RANK" not in os.environ:
-        device = detect_device() if device == "auto" else device
         return Runtime(False, 0, 0, 1, device, device.split(":")[0])
     rank, local_rank, world = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
-    device_type = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device.split(":")[0]
+    device_type = device.split(":")[0]
     if device_type == "mps":
         raise ValueError("DDP on mps is not supported; use a single process or --device cpu")
     if device_type == "cuda":
@@ -637,7 +655,15 @@ def setup_runtime(device: str = "auto") -> Runtime:
         torch.cuda.set_device(device)
     else:
         device = "cpu"
-    dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
+    backend = "nccl" if device_type == "cuda" else "gloo"
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt not in (None, "0") and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # After a torchrun restart the agent's shared store still holds the dead attempt's addresses (gloo then
+        # connects to them, pytorch/pytorch#135712): rendezvous under a key prefix of this attempt instead.
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False)
+        dist.init_process_group(backend, store=dist.PrefixStore(f"attempt_{attempt}/", store), rank=rank, world_size=world)
+    else:
+        dist.init_process_group(backend)
     return Runtime(True, rank, local_rank, world, device, device_type)
 
 
@@ -821,10 +847,12 @@ class RunLog:
 def read_log(path: str | os.PathLike) -> dict[str, list[tuple[int, float]]]:
     """Parse log.txt into {kind: [(step, value), ...]}; the last value logged for a step wins."""
     series: dict[str, dict[int, float]] = {}
-    for line in Path(path).read_text().splitlines():
-        parts = line.split()
-        if len(parts) == 3:
-            series.setdefault(parts[1], {})[int(parts[0])] = float(parts[2])
+    for lineno, line in enumerate(Path(path).read_text().splitlines(), start=1):
+        try:
+            step, kind, value = line.split()
+            series.setdefault(kind, {})[int(step)] = float(value)
+        except ValueError:
+            raise ValueError(f"{path}:{lineno}: expected '<step> <kind> <value>', got {line!r}") from None
     return {kind: sorted(values.items()) for kind, values in series.items()}
 
 
@@ -943,8 +971,12 @@ def _train(cfg: TrainConfig, rt: Runtime, log) -> dict:
     decay_steps = cfg.lr_decay_steps or cfg.max_steps
     min_lr = cfg.max_lr * cfg.min_lr_ratio
     log_dir = Path(cfg.log_dir)
+    if log_dir.exists() and not log_dir.is_dir():
+        raise ValueError(f"--log_dir {log_dir} exists and is not a directory")
     if rt.master:
         log_dir.mkdir(parents=True, exist_ok=True)
+        for stale in log_dir.glob(".model_*.pt.tmp*"):  # left by a kill during a checkpoint write
+            stale.unlink(missing_ok=True)
     if rt.device_type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True  # TF32 for any fp32 matmul left outside autocast
         torch.backends.cudnn.allow_tf32 = True
@@ -1269,7 +1301,7 @@ def sample_main(argv: list[str]):
     args = parser.parse_args(argv)
     if args.num_samples <= 0 or args.max_new_tokens <= 0:
         parser.error("--num_samples and --max_new_tokens must be positive")
-    device = detect_device() if args.device == "auto" else args.device
+    device = check_device(args.device)
     model = load_model(args.init_from, device)
     texts = sample_texts(model, args.prompt, args.num_samples, args.max_new_tokens, args.top_k or None,
                          args.temperature, args.seed, device)
@@ -1287,7 +1319,7 @@ def main(argv: Optional[list[str]] = None):
         metrics = train(cfg)
         if metrics.get("stopped"):
             print("stopped cleanly")
-    except (ValueError, FileNotFoundError, NonFiniteError) as e:
+    except (ValueError, OSError, NonFiniteError) as e:
         if os.environ.get("GPT2_DEBUG"):
             raise
         sys.exit(f"error: {e}")

@@ -1,0 +1,223 @@
+"""Every bad input is rejected clearly: the program exits non-zero, the last line of stderr is one error
+message that says what is wrong, and no traceback is printed. One case per row of docs/bad_inputs.md.
+
+Each case is a real process of train_gpt2.py, fineweb.py, hellaswag.py or bench.py on small files made
+here. Most fail before a model is built, so a case costs about an interpreter and a torch import; the
+selected cases are started two at a time when the first one runs, and each test waits for its own.
+"""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from train_gpt2 import GPT, GPTConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "bad_inputs.md"
+TIMEOUT = 300
+CUDA = torch.cuda.is_available()
+
+# A tiny, fast run; each case adds the flag it gets wrong (argparse: the last occurrence wins).
+TINY = ("--n_layer", "2", "--n_head", "2", "--n_embd", "32", "--block_size", "32", "--vocab_size", "64",
+        "--seq_len", "16", "--batch_size", "2", "--total_batch_size", "64", "--max_steps", "2", "--val_tokens", "64",
+        "--eval_interval", "1", "--hellaswag_interval", "0", "--sample_interval", "0", "--device", "cpu",
+        "--dtype", "float32", "--compile", "false", "--data_root", "{d}/data", "--log_dir", "{out}")
+EXAMPLE = {"ctx": "A man is sitting on a roof.", "endings": ["he starts pulling up roofing.", "he sits.", "he flies.",
+                                                            "he sings."]}
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    program: str  # the script
+    bad_input: str  # what is wrong: the table's second column
+    args: tuple  # its arguments; {d} is the directory of inputs below, {out} a fresh path for this case's output
+    message: str  # a phrase the last line of stderr must contain
+    cpu_only: bool = False  # the input is only bad on a machine without CUDA
+
+    @property
+    def id(self) -> str:
+        return f"{self.program.removesuffix('.py')}: {self.bad_input}"
+
+
+def train(bad_input: str, *args: str, message: str, **kw) -> Case:
+    return Case("train_gpt2.py", bad_input, TINY + args, message, **kw)
+
+
+def fineweb(bad_input: str, local: str, *args: str, message: str) -> Case:
+    return Case("fineweb.py", bad_input, ("--local", f"{{d}}/{local}", "--out_dir", "{out}", *args), message)
+
+
+def hellaswag(bad_input: str, data: str, model: str, *args: str, message: str) -> Case:
+    return Case("hellaswag.py", bad_input, ("--data", f"{{d}}/{data}", "--model", f"{{d}}/{model}", *args), message)
+
+
+CASES = [
+    # train_gpt2.py: data
+    train("data directory that does not exist", "--data_root", "{d}/missing",
+          message="does not exist; create it with `python fineweb.py`"),
+    train("data directory without shards", "--data_root", "{d}/empty", message="no 'train' shards"),
+    train("corrupt shard", "--data_root", "{d}/corrupt", message="is not a readable .npy shard"),
+    train("shard of the wrong dtype (int32)", "--data_root", "{d}/int32", message="expected a 1-D uint16 token array"),
+    train("train split shorter than one step", "--data_root", "{d}/short", message="fewer than one step"),
+    train("token ids >= vocab_size", "--vocab_size", "50", message="token id 63 >= vocab_size 50"),
+    # train_gpt2.py: checkpoints and weights
+    train("--resume a checkpoint of another model shape", "--resume", "{d}/other_shape.pt",
+          message="holds a model of shape"),
+    train("--resume a truncated checkpoint", "--resume", "{d}/torn.pt", message="is not a readable checkpoint"),
+    train("--resume a checkpoint that does not exist", "--resume", "{d}/missing.pt", message="does not exist"),
+    train("--init_from a directory that is not a model", "--init_from", "{d}/not_a_model", message="not_a_model"),
+    # train_gpt2.py: settings
+    train("non-positive size", "--batch_size", "0", message="--batch_size must be positive"),
+    train("--seq_len longer than --block_size", "--seq_len", "64", message="exceeds --block_size"),
+    train("total batch not divisible by B x T", "--total_batch_size", "100",
+          message="must be divisible by batch_size x seq_len"),
+    train("unknown preset", "--preset", "gpt3", message="invalid choice: 'gpt3'"),
+    train("unknown device", "--device", "tpu", message="tpu"),
+    train("--device cuda without a GPU", "--device", "cuda", message="CUDA is not available", cpu_only=True),
+    train("--log_dir that is a file", "--log_dir", "{d}/a_file", message="not a directory"),
+    train("--hellaswag_data that does not exist", "--hellaswag_interval", "1", "--hellaswag_data",
+          "{d}/missing.jsonl", message="does not exist"),
+    # train_gpt2.py sub-commands
+    Case("train_gpt2.py", "sample --init_from a checkpoint that does not exist",
+         ("sample", "--init_from", "{d}/missing.pt", "--device", "cpu"), "does not exist"),
+    Case("train_gpt2.py", "export a checkpoint that does not exist", ("export", "{d}/missing.pt", "{out}"),
+         "does not exist"),
+    Case("train_gpt2.py", "plot a directory without log.txt", ("plot", "{d}/empty"), "log.txt does not exist"),
+    Case("train_gpt2.py", "plot a malformed log.txt", ("plot", "{d}/bad_log"), "log.txt:1"),
+    # fineweb.py
+    fineweb("--local file that does not exist", "missing.txt", message="no such file"),
+    fineweb("--local file of an unknown type", "table.csv", message="unknown file type '.csv'"),
+    fineweb("malformed jsonl", "malformed.jsonl", message="malformed.jsonl:1: malformed JSON line"),
+    fineweb("jsonl without the text field", "no_text.jsonl", message="no field 'text' (fields: 'content')"),
+    fineweb("empty corpus", "empty.txt", message="no documents in"),
+    fineweb("text that is not UTF-8", "latin1.txt", message="not UTF-8 text"),
+    fineweb("corrupt parquet", "corrupt.parquet", message="not a readable Parquet file"),
+    fineweb("non-positive --shard_size", "doc.txt", "--shard_size", "0", message="--shard_size: must be positive"),
+    fineweb("--prefix with a path separator", "doc.txt", "--prefix", "a/b", message="no path separators"),
+    fineweb("--out_dir holding another corpus", "doc.txt", "--out_dir", "{d}/other_corpus",
+            message="holds shards with another prefix"),
+    fineweb("--out_dir that is a file", "doc.txt", "--out_dir", "{d}/a_file", "--workers", "1", "--no_progress",
+            message="not a directory"),
+    # hellaswag.py
+    hellaswag("--data file that does not exist", "missing.jsonl", "other_shape.pt", message="does not exist"),
+    hellaswag("malformed jsonl", "malformed.jsonl", "other_shape.pt", message="malformed.jsonl:1:"),
+    hellaswag("label out of range", "label7.jsonl", "other_shape.pt",
+              message="'label' must be an integer in 0..3, got 7"),
+    hellaswag("--model checkpoint that does not exist", "ok.jsonl", "missing.pt", message="does not exist"),
+    hellaswag("--model with a smaller vocabulary than GPT-2's", "ok.jsonl", "other_shape.pt", "--device", "cpu",
+              message="vocab"),
+    hellaswag("unknown device", "ok.jsonl", "other_shape.pt", "--device", "tpu", message="tpu"),
+    # bench.py
+    Case("bench.py", "--only an unknown section", ("--only", "bogus"), "unknown sections ['bogus']"),
+    Case("bench.py", "non-positive --batch_size", ("--batch_size", "0"), "expected positive integers"),
+    Case("bench.py", "--n_embd not divisible by --n_head", ("--n_embd", "33"), "must be divisible by --n_head"),
+    Case("bench.py", "--device cuda without a GPU", ("--device", "cuda"), "no CUDA GPU is visible", cpu_only=True),
+    Case("bench.py", "--json in a directory that is a file",
+         ("--only", "train", "--n_layer", "1", "--n_head", "1", "--n_embd", "8", "--vocab_size", "16", "--block_size",
+          "8", "--seq_len", "8", "--batch_size", "1", "--steps", "1", "--warmup_steps", "0", "--json",
+          "{d}/a_file/bench.json"), "--json"),
+]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The inputs
+
+
+def make_inputs(d: Path) -> Path:
+    """Every file and directory the cases name, in d."""
+    tokens = lambda n: (np.arange(n) % 64).astype(np.uint16)  # noqa: E731  (ids 0..63: all < the tiny vocab)
+
+    def shards(name: str, train_tokens) -> None:
+        (d / name).mkdir()
+        np.save(d / name / "x_val_000000.npy", tokens(1024))
+        if isinstance(train_tokens, bytes):
+            (d / name / "x_train_000001.npy").write_bytes(train_tokens)
+        else:
+            np.save(d / name / "x_train_000001.npy", train_tokens)
+
+    shards("data", tokens(4096))
+    shards("corrupt", b"\x93NUMPY this is not an array")
+    shards("int32", tokens(4096).astype(np.int32))
+    shards("short", tokens(20))
+    (d / "empty").mkdir()
+    (d / "a_file").write_text("a file where a directory belongs\n")
+
+    config = GPTConfig(block_size=32, vocab_size=64, n_layer=1, n_head=1, n_embd=16)  # not TINY's 2 x 32
+    torch.save({"model": GPT(config).state_dict(), "model_config": dataclasses.asdict(config)}, d / "other_shape.pt")
+    (d / "torn.pt").write_bytes((d / "other_shape.pt").read_bytes()[:1000])
+    (d / "not_a_model").mkdir()
+    (d / "not_a_model" / "config.json").write_text("{this is not json")
+    (d / "bad_log").mkdir()
+    (d / "bad_log" / "log.txt").write_text("step train loss\n")
+
+    (d / "doc.txt").write_text("A small document.\n")
+    (d / "table.csv").write_text("text\nhello\n")
+    (d / "malformed.jsonl").write_text('{"text": "no closing brace"\n')
+    (d / "no_text.jsonl").write_text('{"content": "hello"}\n')
+    (d / "empty.txt").write_text("")
+    (d / "latin1.txt").write_bytes("caf\xe9 au lait\n".encode("latin-1"))
+    (d / "corrupt.parquet").write_bytes(b"PAR1 this is not parquet")
+    (d / "other_corpus").mkdir()
+    np.save(d / "other_corpus" / "other_val_000000.npy", tokens(10))
+
+    (d / "ok.jsonl").write_text(json.dumps({**EXAMPLE, "label": 0}) + "\n")
+    (d / "label7.jsonl").write_text(json.dumps({**EXAMPLE, "label": 7}) + "\n")
+    return d
+
+
+def command(case: Case, d: Path, out: Path) -> list[str]:
+    return [sys.executable, case.program, *(a.format(d=d, out=out) for a in case.args)]
+
+
+def run_case(case: Case, d: Path, out: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env.pop("GPT2_DEBUG", None)  # it turns clean errors into tracebacks
+    return subprocess.run(command(case, d, out), cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+
+
+@pytest.fixture(scope="module")
+def outcomes(request, tmp_path_factory) -> dict:
+    """{case: future of its finished process}: the selected cases, started two at a time."""
+    d = make_inputs(tmp_path_factory.mktemp("bad_inputs"))
+    selected = [item.callspec.params["case"] for item in request.session.items
+                if getattr(item, "originalname", "") == "test_bad_input_is_rejected_clearly"]
+    pool = ThreadPoolExecutor(max_workers=2)
+    futures = {case: pool.submit(run_case, case, d, d / "out" / f"case{i}")
+               for i, case in enumerate(selected) if not (case.cpu_only and CUDA)}
+    yield futures
+    pool.shutdown(cancel_futures=True)
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id, marks=pytest.mark.skipif(c.cpu_only and CUDA, reason="CUDA"))
+                                  for c in CASES])
+def test_bad_input_is_rejected_clearly(case, outcomes):
+    proc = outcomes[case].result()
+    err = proc.stderr.strip()
+    assert proc.returncode != 0, f"accepted (exit 0):\n{proc.stdout[-2000:]}\n{err[-2000:]}"
+    assert "Traceback" not in err, err[-3000:]
+    last = err.splitlines()[-1] if err else ""
+    assert "error" in last and case.message in last, f"last line of stderr: {last!r}"
+
+
+def first_table(text: str) -> list[list[str]]:
+    """The cells of the body rows of the first markdown table in text ('\\|' is a literal bar in a cell)."""
+    lines = [line.strip() for line in text.splitlines()]
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    rows = [line.replace("\\|", "\0").strip("|").split("|") for line in lines[start + 2 : end]]
+    return [[cell.strip().replace("\0", "|") for cell in row] for row in rows]
+
+
+def test_docs_table_lists_exactly_these_cases():
+    """docs/bad_inputs.md has one row per case, in the same order: | program | bad input | command | error |."""
+    rows = first_table(DOC.read_text())
+    assert all(len(row) == 4 for row in rows), [row for row in rows if len(row) != 4]
+    assert [(row[0].strip("`"), row[1]) for row in rows] == [(c.program, c.bad_input) for c in CASES]
