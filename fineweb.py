@@ -251,7 +251,7 @@ def encode_documents(enc, docs: list[str]) -> list[np.ndarray]:
     """[<|endoftext|>] + tokens of each document, as uint16 arrays."""
     out = []
     # A plain loop, not enc.encode_ordinary_batch: tiktoken 0.14's encode_ordinary keeps the GIL, so the
-    # batch call's thread pool only adds overhead (about 2x slower here; scripts/bench_fineweb.py measures
+    # batch call's thread pool only adds overhead (about 2x slower here; `python bench.py --only fineweb` measures
     # it). Parallelism comes from the worker processes instead.
     for doc in docs:
         tokens = enc.encode_ordinary(doc)

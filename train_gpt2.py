@@ -689,7 +689,8 @@ def peak_flops(device_type: str, override: float = 0.0) -> Optional[float]:
     if device_type != "cuda":
         return None
     name = torch.cuda.get_device_name()
-    return next((flops for key, flops in PEAK_BF16_FLOPS.items() if key in name), None)
+    matches = [key for key in PEAK_BF16_FLOPS if key in name]
+    return PEAK_BF16_FLOPS[max(matches, key=len)] if matches else None  # longest: "L40S" before "L4"
 
 
 def flops_per_token(num_params: int, n_layer: int, n_head: int, head_dim: int, seq_len: int) -> int:

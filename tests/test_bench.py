@@ -1,0 +1,139 @@
+"""bench.py: the quick run end to end (as a user runs it), its argument checks, and its table and loader
+helpers. No timing is asserted: the machine is shared, only the shape of the output is."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import bench
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_quick_run_prints_tables_and_writes_json(tmp_path):
+    out = tmp_path / "out" / "bench.json"  # a directory that does not exist yet
+    proc = subprocess.run([sys.executable, "bench.py", "--quick", "--json", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=540, env=os.environ.copy())
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    text = proc.stdout
+    header = text.splitlines()[0]
+    assert header.startswith("bench.py --preset quick | cpu") and "| torch " in header and " UTC" in header
+    for title in ("train step", "generation", "HellaSwag scoring", "DataLoaderLite", "fineweb.py tokenizing"):
+        assert title in text, title
+    for column in ("ms/step", "tok/s", "MFU", "new tokens", "speed-up", "examples/s", "same predictions",
+                   "traced peak MB", "anon RSS +MB", "wall s", "vs baseline"):
+        assert column in text, column
+    assert "outputs token-identical: yes" in text
+    assert "FAILED" not in text
+
+    assert not list(out.parent.glob(".*tmp*"))  # the atomic write left no temp file behind
+    results = json.loads(out.read_text())
+    assert results["preset"] == "quick" and results["failures"] == []
+    sections = results["sections"]
+    assert set(sections) == set(bench.SECTIONS)
+    assert all("error" not in s for s in sections.values())
+    train = sections["train"]["rows"]
+    assert [r["batch_size"] for r in train] == [2, 4]
+    assert all(r["tokens_per_s"] > 0 and r["mfu"] is None for r in train)  # no MFU on a CPU
+    gen = sections["generate"]
+    assert gen["identical"] and gen["fits_block"] and [r["path"] for r in gen["rows"]] == ["no cache", "KV cache"]
+    hella = sections["hellaswag"]
+    assert [r["batch_size"] for r in hella["rows"]] == [1, 4] and hella["same_predictions"] is True
+    assert [r["shard_tokens"] for r in sections["loader"]["rows"]] == [200_000, 2_000_000]
+    fw = sections["fineweb"]["rows"]
+    assert fw[0]["method"].startswith("baseline") and fw[0]["vs_baseline"] == 1.0
+    assert len({r["tokens"] for r in fw}) == 1  # every method tokenized the same corpus
+
+
+def test_loader_memory_does_not_grow_with_the_shard(tmp_path):
+    """The loader's allocations are a batch's worth whatever the shard size: shards are memory-mapped."""
+    results = bench.main(["--only", "loader", "--loader_tokens", "100000,2000000", "--loader_batch", "8",
+                          "--loader_seq", "256", "--json", str(tmp_path / "b.json")])
+    small, large = results["sections"]["loader"]["rows"]
+    batch_bytes = 8 * 256 * (8 + 2)  # the int64 window and its uint16 source
+    for row in (small, large):
+        assert row["batches"] == (row["shard_tokens"] - 1) // (8 * 256)
+        assert row["traced_peak_mb"] * 1e6 < 4 * batch_bytes + 64_000, row
+    assert large["traced_vs_shard"] < 0.01  # under 1% of a 4 MB shard
+
+
+def test_hellaswag_builtin_measurement(tmp_path, monkeypatch):
+    """Without scripts/bench_hellaswag.py, bench.py measures itself: the reference way first, then
+    hellaswag.py's, which must reproduce the reference's scores."""
+    monkeypatch.setattr(bench, "HELLASWAG_SCRIPT", tmp_path / "absent.py")
+    results = bench.main(["--quick", "--only", "hellaswag", "--hellaswag_examples", "4", "--hellaswag_batch", "2,4",
+                          "--json", str(tmp_path / "b.json")])
+    r = results["sections"]["hellaswag"]
+    assert r["source"] == "bench.py" and r["same_predictions"] is True
+    assert [row["batch_size"] for row in r["rows"]] == [1, 2, 4] and r["rows"][0]["speedup"] == 1.0
+    assert "reference" in r["rows"][0]["method"] and all(row["max_loss_diff"] < 1e-3 for row in r["rows"])
+
+
+def test_synthetic_hellaswag_examples_have_the_stated_lengths():
+    import hellaswag
+
+    examples = bench.synthetic_hellaswag(12, seed=0, group=4)
+    assert examples == bench.synthetic_hellaswag(12, seed=0, group=4)  # seeded
+    enc = hellaswag.default_encoding()
+    context_lengths = []
+    for example in examples:
+        hellaswag.check_example(example)
+        context_lengths.append(len(enc.encode_ordinary(example["ctx"])))
+        for ending in example["endings"]:
+            assert bench.HELLASWAG_ENDING[0] <= len(enc.encode_ordinary(" " + ending)) <= bench.HELLASWAG_ENDING[1]
+    assert all(bench.HELLASWAG_CONTEXT[0] <= n <= bench.HELLASWAG_CONTEXT[1] for n in context_lengths)
+    assert [len(set(context_lengths[i : i + 4])) for i in (0, 4, 8)] == [1, 1, 1]  # runs of one length
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--only", "train,nope"], "unknown sections"),
+    (["--batch_size", "4,0"], "positive"),
+    (["--seq_len", "512", "--block_size", "256"], "exceeds --block_size"),
+    (["--n_embd", "30", "--n_head", "4"], "divisible"),
+    (["--quick", "--preset", "gpt2-124M"], "pass one of them"),
+])
+def test_bad_arguments_are_rejected(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.parse_args(argv)
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given when there is no GPU")
+def test_gpu_preset_without_a_gpu_says_what_to_do(tmp_path):
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--preset", "gpt2-124M", "--json", str(tmp_path / "b.json")])
+    assert "no CUDA GPU" in str(e.value.code) and "--device cpu" in str(e.value.code)
+    assert not (tmp_path / "b.json").exists()
+
+
+def test_presets_and_overrides():
+    quick = bench.parse_args(["--quick", "--batch_size", "3,5", "--only", "train"])
+    assert quick.preset == "quick" and quick.batch_size == [3, 5] and quick.only == ["train"]
+    gpu = bench.parse_args(["--preset", "gpt2-124M"])
+    assert (gpu.n_layer, gpu.n_embd, gpu.batch_size, gpu.seq_len) == (12, 768, [16, 64], 1024)
+    assert (gpu.device, gpu.dtype, gpu.compile) == ("cuda", "bfloat16", "true")
+    default = bench.parse_args([])
+    assert default.preset == "cpu" and default.only == list(bench.SECTIONS)
+    assert (default.gen_shape, default.prompt_len, default.new_tokens) == ("gpt2-124M", 16, 256)
+
+
+def test_format_table_aligns_columns():
+    rows = [{"name": "a", "x": 1.5, "n": 1000}, {"name": "longer", "x": None, "n": 7}]
+    text = bench.format_table("title", [("name", "name", "s"), ("x", "x (s)", ".2f"), ("n", "count", ",d")], rows)
+    lines = text.splitlines()
+    assert lines[0] == "title"
+    assert len({len(line) for line in lines[1:]}) == 1  # fixed width
+    assert lines[3].split() == ["a", "1.50", "1,000"] and lines[4].split() == ["longer", "-", "7"]
+
+
+def test_import_does_no_work():
+    code = "import bench, sys; assert 'hellaswag' not in sys.modules and 'fineweb' not in sys.modules"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout == "" and proc.stderr == "", proc.stderr
