@@ -638,6 +638,9 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
         parser.error(f"--seq_len ({args.seq_len}) exceeds --block_size ({args.block_size})")
     if args.gen_shape == "train" and args.prompt_len >= args.block_size:
         parser.error(f"--prompt_len ({args.prompt_len}) must be shorter than --block_size ({args.block_size})")
+    blocked = next((p for p in Path(args.json).parents if p.exists() and not p.is_dir()), None)
+    if blocked:  # found now, not after minutes of benchmarking
+        parser.error(f"--json {args.json}: {blocked} is a file, not a directory")
     return args
 
 
