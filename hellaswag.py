@@ -7,6 +7,10 @@ endings and compute the model's cross-entropy over the ending tokens only. The p
 the lowest total loss (`acc`) or the lowest mean loss per token (`acc_norm`, which does not favour short
 endings). Multiple-choice style (showing all four endings and asking for a letter) needs a stronger model.
 
+The scores are those of running each of the 4 rows whole (`score_examples(..., shared_context=False)` does
+exactly that, as the reference), computed with less work: the context, which the 4 endings share, runs once
+and the endings continue it from a KV cache; the vocabulary-wide lm_head runs only at the scored positions.
+
 Reference numbers with this scoring on the 10,042 validation examples:
     OpenAI GPT-2 124M (`--model gpt2`): acc_norm 0.2955
     GPT-3 Small 124M (GPT-3 paper, Brown et al. 2020, zero-shot): acc_norm 0.337
@@ -26,8 +30,10 @@ from __future__ import annotations
 
 import argparse
 import http.client
+import itertools
 import json
 import os
+import re
 import sys
 import urllib.error
 import urllib.request
@@ -180,15 +186,19 @@ def render_example(example: dict, enc=None) -> tuple[torch.Tensor, torch.Tensor,
     return tokens, mask, example["label"]
 
 
-def ending_losses(logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def ending_losses(
+    outputs: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor, head=None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row (sum, mean) cross-entropy (N,) float32 over the tokens where mask is 1.
 
-    logits (N, L, V) are the model's outputs for tokens (N, L): logits[:, t] predict tokens[:, t + 1], so the
-    loss of token t + 1 is taken from position t. Only the K scored positions go through the softmax, never the
-    whole (N, L, V) tensor. Padding (mask 0) changes nothing."""
-    if not logits.shape[:2] == tokens.shape == mask.shape:
-        shapes = f"logits {tuple(logits.shape)}, tokens {tuple(tokens.shape)}, mask {tuple(mask.shape)}"
-        raise ValueError(f"need logits (N, L, V), tokens (N, L), mask (N, L); got {shapes}")
+    outputs (N, L, V) are the model's logits for tokens (N, L): outputs[:, t] predict tokens[:, t + 1], so the
+    loss of token t + 1 is taken from position t. Or, given `head` (the model's lm_head), outputs (N, L, C) are
+    its final hidden states, and head makes logits at the K scored positions only: the vocabulary-wide matmul
+    at every position is a large part of a forward pass. Only the K scored positions go through the softmax,
+    never the whole (N, L, V) tensor. Padding (mask 0) changes nothing."""
+    if not outputs.shape[:2] == tokens.shape == mask.shape:
+        shapes = f"outputs {tuple(outputs.shape)}, tokens {tuple(tokens.shape)}, mask {tuple(mask.shape)}"
+        raise ValueError(f"need outputs (N, L, V or C), tokens (N, L), mask (N, L); got {shapes}")
     mask = mask.bool()
     if mask[:, 0].any():
         raise ValueError("mask is 1 at position 0, a token nothing predicts: the context must come first")
@@ -197,9 +207,10 @@ def ending_losses(logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor
     if (count == 0).any():
         raise ValueError("a row has no scored tokens (mask all 0)")
     rows, cols = target_mask.nonzero(as_tuple=True)  # (K,), (K,)
-    token_loss = F.cross_entropy(logits[rows, cols].float(), tokens[rows, cols + 1], reduction="none")  # (K,)
+    logits = outputs[rows, cols] if head is None else head(outputs[rows, cols])  # (K, V)
+    token_loss = F.cross_entropy(logits.float(), tokens[rows, cols + 1], reduction="none")  # (K,)
     # Scatter into a dense (N, L-1) grid and sum rows: deterministic on GPU, unlike an atomic index_add.
-    dense = torch.zeros(target_mask.shape, dtype=torch.float32, device=logits.device)
+    dense = torch.zeros(target_mask.shape, dtype=torch.float32, device=outputs.device)
     dense[rows, cols] = token_loss
     sum_loss = dense.sum(dim=1)
     return sum_loss, sum_loss / count
@@ -216,8 +227,8 @@ def collate(rendered: Sequence[tuple[torch.Tensor, torch.Tensor, int]]) -> tuple
     return tokens, mask
 
 
-def _render_all(examples: Sequence[dict], indices: Sequence[int], block_size: int, enc) -> list:
-    """Rendered examples, checked to fit the model's context (indices name them in errors)."""
+def _render_all(examples: Sequence[dict], indices: Sequence[int], block_size: int, vocab_size: int, enc) -> list:
+    """Rendered examples, checked to fit the model's context and vocabulary (indices name them in errors)."""
     enc = default_encoding() if enc is None else enc
     rendered = []
     for i, example in zip(indices, examples):
@@ -230,50 +241,108 @@ def _render_all(examples: Sequence[dict], indices: Sequence[int], block_size: in
                 f"example {i} (ind {example.get('ind', '?')}): context + ending is {item[0].size(1)} tokens, "
                 f"longer than the model's block_size {block_size}; not truncating, which would change the task"
             )
+        if int(item[0].max()) >= vocab_size:  # a test-size model: the embedding lookup would fail unhelpfully
+            raise ValueError(
+                f"example {i}: token id {int(item[0].max())} >= the model's vocab_size {vocab_size}; "
+                "HellaSwag needs a model with the GPT-2 vocabulary"
+            )
         rendered.append(item)
     return rendered
 
 
+def context_length(item: tuple[torch.Tensor, torch.Tensor, int]) -> int:
+    """Context tokens of a rendered example: its first scored position (the 4 rows share the context)."""
+    return int(item[1][0].argmax())  # argmax returns the first 1 of the mask
+
+
+def _batches(rendered: list, batch_size: int, shared_context: bool) -> list[list[int]]:
+    """Indices of `rendered`, at most batch_size examples per batch. Similar lengths go together, so little
+    compute goes to padding; the shared-context path needs one context length per batch. Which examples share
+    a batch does not change their scores, so this is only a matter of speed."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    contexts = [context_length(item) if shared_context else 0 for item in rendered]
+    order = sorted(range(len(rendered)), key=lambda i: (contexts[i], rendered[i][0].size(1)))
+    groups = [list(g) for _, g in itertools.groupby(order, key=contexts.__getitem__)]
+    return [g[i : i + batch_size] for g in groups for i in range(0, len(g), batch_size)]
+
+
+def _losses_full(model, batch: list, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum, mean) losses (4n,) the straightforward way: every row whole, logits at every position."""
+    tokens, mask = (t.to(device) for t in collate(batch))  # (4n, L)
+    logits, _ = model(tokens)  # (4n, L, V)
+    return ending_losses(logits, tokens, mask)
+
+
+def _losses_shared_context(model, batch: list, device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same losses as _losses_full with less compute, for examples of one context length: the context runs
+    once per example, not once per ending, and the 4 endings continue it from a KV cache in one chunk;
+    lm_head runs only where a token is scored. Exact: causal attention makes a prefix independent of what
+    follows it."""
+    from train_gpt2 import KVCache  # lazily, as default_encoding does
+
+    tokens, mask = (t.to(device) for t in collate(batch))  # (4n, L), rows grouped by example
+    n, c = len(batch), context_length(batch[0])
+    cache = KVCache(model.config, n, device, dtype, length=tokens.size(1))
+    last = model.features(tokens[::N_ENDINGS, :c], cache)[:, -1:]  # (n, 1, C): predicts each first ending token
+    cache.repeat_rows(N_ENDINGS)  # (4n rows): each example's context once per ending
+    endings = model.features(tokens[:, c:], cache)  # (4n, L - c, C); right-padding cannot reach back: causal
+    hidden = torch.cat([last.repeat_interleave(N_ENDINGS, dim=0), endings], dim=1)  # (4n, L - c + 1, C)
+    # hidden holds positions c - 1 .. L - 1: the window of tokens from the last context token on
+    return ending_losses(hidden, tokens[:, c - 1 :], mask[:, c - 1 :], head=model.lm_head)
+
+
 @torch.no_grad()
 def _score_rendered(
-    model, rendered: list, device, batch_size: int, autocast_dtype: Optional[torch.dtype], progress: bool = False
+    model,
+    rendered: list,
+    device,
+    batch_size: int,
+    autocast_dtype: Optional[torch.dtype],
+    progress: bool = False,
+    shared_context: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(sum_loss, mean_loss), each (n, 4) float32 on the CPU, in the order of `rendered`."""
     from tqdm import tqdm
 
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    n = len(rendered)
-    sum_loss = torch.zeros((n, N_ENDINGS))
-    mean_loss = torch.zeros((n, N_ENDINGS))
-    # Batch examples of similar length together so little compute goes to padding; results do not depend on
-    # which examples share a batch, so the order is only a speed matter.
-    order = sorted(range(n), key=lambda i: rendered[i][0].size(1))
+    batches = _batches(rendered, batch_size, shared_context)
+    sum_loss = torch.zeros((len(rendered), N_ENDINGS))
+    mean_loss = torch.zeros((len(rendered), N_ENDINGS))
     device_type = torch.device(device).type
+    cache_dtype = autocast_dtype or model.lm_head.weight.dtype  # what the attention's k, v come out as
     was_training = model.training
     model.eval()
     try:
-        for start in tqdm(range(0, n, batch_size), desc="hellaswag", unit="batch", disable=not progress):
-            chunk = order[start : start + batch_size]
-            tokens, mask = collate([rendered[i] for i in chunk])
-            tokens, mask = tokens.to(device), mask.to(device)
+        for batch in tqdm(batches, desc="hellaswag", unit="batch", disable=not progress):
+            items = [rendered[i] for i in batch]
             with torch.autocast(device_type=device_type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-                logits, _ = model(tokens)  # (4 * len(chunk), L, V)
-            s, m = ending_losses(logits, tokens, mask)
-            sum_loss[chunk] = s.view(-1, N_ENDINGS).cpu()
-            mean_loss[chunk] = m.view(-1, N_ENDINGS).cpu()
+                if shared_context:
+                    s, m = _losses_shared_context(model, items, device, cache_dtype)
+                else:
+                    s, m = _losses_full(model, items, device)
+            sum_loss[batch] = s.view(-1, N_ENDINGS).cpu()
+            mean_loss[batch] = m.view(-1, N_ENDINGS).cpu()
     finally:
         model.train(was_training)
     return sum_loss, mean_loss
 
 
 def score_examples(
-    model, examples: Sequence[dict], device, *, batch_size: int = 8, autocast_dtype=None, enc=None, progress=False
+    model,
+    examples: Sequence[dict],
+    device,
+    *,
+    batch_size: int = 8,
+    autocast_dtype=None,
+    enc=None,
+    progress=False,
+    shared_context: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(sum_loss (n, 4), mean_loss (n, 4), labels (n,)) for examples, in order. acc's prediction is
-    sum_loss.argmin(1), acc_norm's mean_loss.argmin(1)."""
-    rendered = _render_all(examples, range(len(examples)), model.config.block_size, enc)
-    sum_loss, mean_loss = _score_rendered(model, rendered, device, batch_size, autocast_dtype, progress)
+    sum_loss.argmin(1), acc_norm's mean_loss.argmin(1). shared_context=False scores the straightforward way
+    (every row whole, logits everywhere): the reference the fast default must reproduce."""
+    rendered = _render_all(examples, range(len(examples)), model.config.block_size, model.config.vocab_size, enc)
+    sum_loss, mean_loss = _score_rendered(model, rendered, device, batch_size, autocast_dtype, progress, shared_context)
     return sum_loss, mean_loss, torch.tensor([label for _, _, label in rendered], dtype=torch.long)
 
 
@@ -290,10 +359,11 @@ def evaluate(
 ) -> dict:
     """HellaSwag accuracy of our GPT: dict(n, correct, correct_norm, acc, acc_norm) over all examples.
 
-    batch_size counts examples (4 rows each) per forward pass. Under DDP every rank calls this with the same
-    examples and its own rank; rank r scores examples i % world_size == r and the counts are all-reduced, so
-    every rank returns the single-process result. Pass the plain model (not the DDP wrapper, and uncompiled:
-    every batch has a new length). It runs in eval mode without gradients and restores the model's mode."""
+    batch_size counts examples (4 rows each) per batch; a batch holds examples of one context length. Under
+    DDP every rank calls this with the same examples and its own rank; rank r scores examples
+    i % world_size == r and the counts are all-reduced, so every rank returns the single-process result. Pass
+    the plain model (not the DDP wrapper, and uncompiled: every batch has a new length). It runs in eval mode
+    without gradients and restores the model's mode."""
     if not examples:
         raise ValueError("no HellaSwag examples to evaluate")
     if not 0 <= rank < world_size:
@@ -301,7 +371,8 @@ def evaluate(
     indices = range(rank, len(examples), world_size)
     error = None
     try:
-        rendered = _render_all([examples[i] for i in indices], indices, model.config.block_size, None)
+        config = model.config
+        rendered = _render_all([examples[i] for i in indices], indices, config.block_size, config.vocab_size, None)
     except ValueError as e:
         error = e
     if world_size > 1:
@@ -328,7 +399,9 @@ def evaluate(
 
 
 def resolve_device(device: str) -> str:
-    """'auto' -> cuda, else mps, else cpu; anything else is checked to be available."""
+    """'auto' -> cuda, else mps, else cpu; anything else is checked to be a device name and available."""
+    if device != "auto" and not re.fullmatch(r"cpu|mps|cuda(:\d+)?", device):
+        raise ValueError(f"--device {device!r}: use auto, cpu, cuda, cuda:N or mps")
     if device == "auto":
         if torch.cuda.is_available():
             return "cuda"
@@ -349,7 +422,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--data", default=None, help="a local HellaSwag jsonl file instead of the downloaded split")
     p.add_argument("--cache_dir", default=str(DEFAULT_CACHE_DIR), help="where downloaded split files are kept")
     p.add_argument("--limit", type=int, default=None, help="evaluate only the first N examples")
-    p.add_argument("--batch_size", type=int, default=8, help="examples (4 rows each) per forward pass")
+    p.add_argument("--batch_size", type=int, default=8, help="examples (4 rows each) per batch")
     args = p.parse_args(argv)
     if args.limit is not None and args.limit < 1:
         p.error(f"--limit must be >= 1, got {args.limit}")

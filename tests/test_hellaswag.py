@@ -388,3 +388,58 @@ def test_main_user_errors_are_one_line(assets, tmp_path, capsys, case, expected)
     assert hellaswag.main(["--model", str(model), "--data", str(data), "--device", "cpu"]) == 1
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0], lines
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The fast path (shared context, lm_head only where scored) equals the straightforward one
+
+
+def straightforward_losses(model, examples) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum, mean) losses (n, 4), written out independently: per example its (4, L) rows whole through the
+    model, logits at every position, log-softmax, the ending tokens picked out one by one."""
+    sums, means = [], []
+    with torch.no_grad():
+        for ex in examples:
+            tokens, mask, _ = hellaswag.render_example(ex)
+            logp = model(tokens)[0].log_softmax(-1)  # (4, L, V)
+            s = [-sum(logp[r, t - 1, tokens[r, t]] for t in range(tokens.size(1)) if mask[r, t]) for r in range(4)]
+            sums.append(torch.stack(s))
+            means.append(sums[-1] / mask.sum(1))
+    return torch.stack(sums), torch.stack(means)
+
+
+def test_shared_context_scoring_equals_the_straightforward_way(assets):
+    model = assets["model"]
+    edge = [{"ctx": "Hi", "endings": ["a", "b", "c", "d"], "label": 1},  # one context token, one token per ending
+            {"ctx": "Hi", "endings": ["there", "you", "all", "a b c"], "label": 0}]
+    examples = assets["examples"][:30] + edge
+    rendered = [hellaswag.render_example(ex) for ex in examples]
+    contexts = [hellaswag.context_length(item) for item in rendered]
+    assert contexts[-2:] == [1, 1]
+    assert sum(contexts.count(c) >= 3 for c in set(contexts)) >= 3  # batches of several examples happen
+    ref_sum, ref_mean = straightforward_losses(model, examples)
+    assert len(set(ref_sum.argmin(1).tolist())) > 1 and not torch.equal(ref_sum.argmin(1), ref_mean.argmin(1))
+
+    runs = [dict(batch_size=1), dict(batch_size=4), dict(batch_size=64), dict(batch_size=1, shared_context=False)]
+    for kwargs in runs:
+        sum_loss, mean_loss, labels = hellaswag.score_examples(model, examples, "cpu", **kwargs)
+        assert torch.equal(sum_loss.argmin(1), ref_sum.argmin(1)), kwargs
+        assert torch.equal(mean_loss.argmin(1), ref_mean.argmin(1)), kwargs
+        torch.testing.assert_close(sum_loss, ref_sum, rtol=1e-5, atol=1e-4, msg=str(kwargs))  # fp32 rounding only
+        torch.testing.assert_close(mean_loss, ref_mean, rtol=1e-5, atol=1e-4, msg=str(kwargs))
+        assert labels.tolist() == [ex["label"] for ex in examples]
+
+
+def test_ending_losses_from_hidden_states_and_head():
+    """Given lm_head, ending_losses projects only the scored positions; the losses are those of full logits."""
+    torch.manual_seed(0)
+    head = torch.nn.Linear(8, 11, bias=False).double()
+    hidden = torch.randn(3, 5, 8, dtype=torch.float64)
+    tokens = torch.randint(0, 11, (3, 5))
+    mask = torch.tensor([[0, 1, 1, 0, 0], [0, 0, 1, 1, 1], [0, 1, 0, 0, 0]])
+    seen = []
+    head.register_forward_hook(lambda module, args, out: seen.append(args[0].shape))
+    got = hellaswag.ending_losses(hidden, tokens, mask, head=head)
+    assert seen == [(6, 8)]  # the 6 scored positions only, not all 15
+    for a, b in zip(got, hellaswag.ending_losses(head(hidden), tokens, mask)):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
