@@ -385,13 +385,17 @@ class GPT(nn.Module):
         cache = None
         for _ in range(max_new_tokens):
             if use_cache and cache is not None and idx.size(1) <= block_size:
-                logits, _ = self(idx[:, -1:], kv_cache=cache)  # decode: only the newest token is new
+                h = self.features(idx[:, -1:], cache)  # decode: only the newest token is new
             elif use_cache and idx.size(1) < block_size:
-                cache = KVCache(self.config, idx.size(0), idx.device, self.transformer.wte.weight.dtype)
-                logits, _ = self(idx, kv_cache=cache)  # prefill the prompt once
+                # under autocast k and v come in the autocast dtype: store them so, not upcast
+                dtype = torch.get_autocast_dtype(idx.device.type) if torch.is_autocast_enabled(idx.device.type) \
+                    else self.transformer.wte.weight.dtype
+                cache = KVCache(self.config, idx.size(0), idx.device, dtype,
+                                length=min(block_size, idx.size(1) + max_new_tokens))  # positions this call fills
+                h = self.features(idx, cache)  # prefill the prompt once
             else:
-                logits, _ = self(idx[:, -block_size:])  # no cache, or a sliding window whose positions all move
-            logits = logits[:, -1, :].float()  # (B, vocab)
+                h = self.features(idx[:, -block_size:])  # no cache, or a sliding window whose positions all move
+            logits = self.lm_head(h[:, -1, :]).float()  # (B, vocab): only the last position is sampled from
             if vocab_limit is not None:
                 logits[:, vocab_limit:] = float("-inf")
             if temperature == 0:

@@ -604,7 +604,8 @@ def test_greedy_generation_same_with_and_without_cache(prompt_len):
 def test_generation_uses_the_cache():
     model = tiny_model()
     lengths = []
-    model.register_forward_pre_hook(lambda module, args, kwargs: lengths.append(args[0].size(1)), with_kwargs=True)
+    features = model.features
+    model.features = lambda idx, *a, **k: (lengths.append(idx.size(1)), features(idx, *a, **k))[1]
     model.generate(rand_idx(2, 5), 10, temperature=0, use_cache=True)
     assert lengths == [5] + [1] * 9
     lengths.clear()
