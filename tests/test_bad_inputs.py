@@ -1,5 +1,5 @@
 """Every bad input is rejected clearly: the program exits non-zero, the last line of stderr is one error
-message that says what is wrong, and no traceback is printed. One case per row of docs/bad_inputs.md.
+message that says what is wrong, and no traceback is printed. One case per row of the README's "Bad inputs" table.
 
 Each case is a real process of train_gpt2.py, fineweb.py, hellaswag.py or bench.py on small files made
 here. Most fail before a model is built, so a case costs about an interpreter and a torch import; the
@@ -21,7 +21,7 @@ import torch
 from train_gpt2 import GPT, GPTConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-DOC = ROOT / "docs" / "bad_inputs.md"
+README = ROOT / "README.md"
 TIMEOUT = 300
 CUDA = torch.cuda.is_available()
 
@@ -216,8 +216,8 @@ def first_table(text: str) -> list[list[str]]:
     return [[cell.strip().replace("\0", "|") for cell in row] for row in rows]
 
 
-def test_docs_table_lists_exactly_these_cases():
-    """docs/bad_inputs.md has one row per case, in the same order: | program | bad input | command | error |."""
-    rows = first_table(DOC.read_text())
+def test_readme_table_lists_exactly_these_cases():
+    """README's "Bad inputs" table has one row per case, in order: | program | bad input | command | error |."""
+    rows = first_table(README.read_text().split("\n## Bad inputs\n", 1)[1])
     assert all(len(row) == 4 for row in rows), [row for row in rows if len(row) != 4]
     assert [(row[0].strip("`"), row[1]) for row in rows] == [(c.program, c.bad_input) for c in CASES]
