@@ -274,12 +274,7 @@ class Block(nn.Module):
 
 # The four weights that Hugging Face stores as Conv1D, i.e. (in, out): transposed relative to nn.Linear.
 HF_TRANSPOSED = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-HF_HUB_MODELS = {  # name -> (n_layer, n_head, n_embd)
-    "gpt2": (12, 12, 768),  # 124M
-    "gpt2-medium": (24, 16, 1024),  # 350M
-    "gpt2-large": (36, 20, 1280),  # 774M
-    "gpt2-xl": (48, 25, 1600),  # 1558M
-}
+HF_HUB_MODELS = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # OpenAI's 124M, 350M, 774M, 1558M
 
 
 class GPT(nn.Module):
