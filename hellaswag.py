@@ -48,6 +48,7 @@ DEFAULT_CACHE_DIR = HERE / "hellaswag_data"
 DATA_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_{split}.jsonl"
 SPLITS = ("train", "val", "test")
 N_ENDINGS = 4
+GPT2_VOCAB_SIZE = 50257  # real token ids: a model padded to 50304 is scored over these, as its HF export is
 
 # ----------------------------------------------------------------------------------------------------------
 # Data: download, read, validate
@@ -208,6 +209,7 @@ def ending_losses(
         raise ValueError("a row has no scored tokens (mask all 0)")
     rows, cols = target_mask.nonzero(as_tuple=True)  # (K,), (K,)
     logits = outputs[rows, cols] if head is None else head(outputs[rows, cols])  # (K, V)
+    logits = logits[:, :GPT2_VOCAB_SIZE]  # padded ids are never targets; leave them out of the softmax too
     token_loss = F.cross_entropy(logits.float(), tokens[rows, cols + 1], reduction="none")  # (K,)
     # Scatter into a dense (N, L-1) grid and sum rows: deterministic on GPU, unlike an atomic index_add.
     dense = torch.zeros(target_mask.shape, dtype=torch.float32, device=outputs.device)
