@@ -1220,25 +1220,19 @@ def export_hf(checkpoint_path: str | os.PathLike, out_dir: str | os.PathLike) ->
     if result.missing_keys or result.unexpected_keys:
         raise ValueError(f"{checkpoint_path} does not map onto GPT-2: missing {result.missing_keys[:10]}, "
                          f"unexpected {result.unexpected_keys[:10]}")
-    hf.save_pretrained(out_dir)
-    return Path(out_dir)
+    out = Path(out_dir)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ValueError(f"{out} already exists and is not an empty directory; choose a new OUT_DIR")
+    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")  # complete, then renamed: never a half export
+    try:
+        hf.save_pretrained(tmp)
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            import shutil
 
-
-def plot_main(argv: list[str]):
-    parser = argparse.ArgumentParser(prog="train_gpt2.py plot", description="Draw a run's log.txt as curves.png.")
-    parser.add_argument("log_dir", help="the --log_dir of a run (holds log.txt)")
-    parser.add_argument("--out", default=None, help="PNG path (default: LOG_DIR/curves.png)")
-    args = parser.parse_args(argv)
-    print(f"wrote {plot_curves(args.log_dir, args.out)}")
-
-
-def export_main(argv: list[str]):
-    parser = argparse.ArgumentParser(prog="train_gpt2.py export",
-                                     description="Write a checkpoint as a Hugging Face GPT-2 directory.")
-    parser.add_argument("checkpoint", help="a model_*.pt written by training")
-    parser.add_argument("out_dir", help="directory for config.json and model.safetensors")
-    args = parser.parse_args(argv)
-    print(f"wrote {export_hf(args.checkpoint, args.out_dir)}: load it with GPT2LMHeadModel.from_pretrained")
+            shutil.rmtree(tmp)
+    return out
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -1307,6 +1301,22 @@ def sample_main(argv: list[str]):
                          args.temperature, args.seed, device)
     for i, text in enumerate(texts):
         print(f"sample {i}: {text}")
+
+
+def plot_main(argv: list[str]):
+    parser = Parser(prog="train_gpt2.py plot", description="Draw a run's log.txt as curves.png.")
+    parser.add_argument("log_dir", help="the --log_dir of a run (holds log.txt)")
+    parser.add_argument("--out", default=None, help="PNG path (default: LOG_DIR/curves.png)")
+    args = parser.parse_args(argv)
+    print(f"wrote {plot_curves(args.log_dir, args.out)}")
+
+
+def export_main(argv: list[str]):
+    parser = Parser(prog="train_gpt2.py export", description="Write a checkpoint as a Hugging Face GPT-2 directory.")
+    parser.add_argument("checkpoint", help="a model_*.pt written by training")
+    parser.add_argument("out_dir", help="directory for config.json and model.safetensors")
+    args = parser.parse_args(argv)
+    print(f"wrote {export_hf(args.checkpoint, args.out_dir)}: load it with GPT2LMHeadModel.from_pretrained")
 
 
 def main(argv: Optional[list[str]] = None):
