@@ -155,7 +155,7 @@ PRESETS = {
                       eval_interval=250, val_tokens=10485760, hellaswag_interval=250, sample_interval=250,
                       ckpt_interval=5000),
     # A small model on input.txt (`python fineweb.py --local input.txt --out_dir data/shakespeare`): about three
-    # minutes on a 2-core CPU, val loss from 10.8 to about 6. The unpadded vocabulary: no GPU to align it for.
+    # minutes on a 2-core CPU, val loss from 10.8 to about 6.4. The unpadded vocabulary: no GPU to align it for.
     "shakespeare": dict(data_root="data/shakespeare", log_dir="log/shakespeare", n_layer=4, n_head=4, n_embd=128,
                         block_size=128, vocab_size=50257, batch_size=16, seq_len=128, total_batch_size=2048,
                         max_steps=100, warmup_steps=10, max_lr=3e-3, eval_interval=25, val_tokens=8192,
