@@ -59,7 +59,7 @@ PRESETS = {
     "cpu": dict(device="auto", dtype="float32", compile="false",
                 n_layer=4, n_head=4, n_embd=256, vocab_size=50304, block_size=256,
                 batch_size="4,8", seq_len=256, warmup_steps=2, steps=5,
-                gen_shape="gpt2-124M", prompt_len=16, new_tokens=128, gen_batch=1, gen_repeats=1,
+                gen_shape="gpt2-124M", prompt_len=16, new_tokens=256, gen_batch=1, gen_repeats=1,
                 hellaswag_examples=32, hellaswag_batch=8, hellaswag_repeats=1,
                 loader_tokens="2000000,20000000", loader_batch=16, loader_seq=1024,
                 fineweb_mb=4.0, fineweb_workers="1,2", fineweb_repeats=2),

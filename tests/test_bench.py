@@ -121,7 +121,7 @@ def test_presets_and_overrides():
     assert (gpu.device, gpu.dtype, gpu.compile) == ("cuda", "bfloat16", "true")
     default = bench.parse_args([])
     assert default.preset == "cpu" and default.only == list(bench.SECTIONS)
-    assert (default.gen_shape, default.prompt_len, default.new_tokens) == ("gpt2-124M", 16, 128)
+    assert (default.gen_shape, default.prompt_len, default.new_tokens) == ("gpt2-124M", 16, 256)
 
 
 def test_format_table_aligns_columns():
