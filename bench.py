@@ -88,12 +88,11 @@ PRESETS = {
 
 
 def resolve_device(name: str) -> str:
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda, but no CUDA GPU is visible; use --device cpu (the gpt2-124M preset is "
-                         "sized for a GPU: on a CPU run the default preset or --quick)")
-    return name
+    """train_gpt2's device check, with a hint for the GPU-sized preset."""
+    try:
+        return train_gpt2.check_device(name)
+    except ValueError as e:
+        raise ValueError(f"{e}; the gpt2-124M preset is sized for a GPU: on a CPU run the default or --quick") from None
 
 
 def device_description(device: str) -> str:

@@ -400,21 +400,6 @@ def evaluate(
 # CLI
 
 
-def resolve_device(device: str) -> str:
-    """'auto' -> cuda, else mps, else cpu; anything else is checked to be a device name and available."""
-    if device != "auto" and not re.fullmatch(r"cpu|mps|cuda(:\d+)?", device):
-        raise ValueError(f"--device {device!r}: use auto, cpu, cuda, cuda:N or mps")
-    if device == "auto":
-        if torch.cuda.is_available():
-            return "cuda"
-        return "mps" if torch.backends.mps.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError("--device cuda: CUDA is not available on this machine")
-    if device == "mps" and not torch.backends.mps.is_available():
-        raise ValueError("--device mps: MPS is not available on this machine")
-    return device
-
-
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="HellaSwag accuracy (completion style) of a GPT-2 model.")
     p.add_argument("--model", default="gpt2", help="gpt2|gpt2-medium|gpt2-large|gpt2-xl, an HF directory, or our .pt")
@@ -435,10 +420,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 def run(args: argparse.Namespace) -> dict:
     """Load data and model as the arguments say, evaluate, print a summary; the metrics dict."""
-    from train_gpt2 import load_model
+    from train_gpt2 import check_device, load_model
 
     examples = load_examples(args.split, args.data, args.cache_dir)[: args.limit]
-    device = resolve_device(args.device)
+    device = check_device(args.device)
     autocast_dtype = torch.bfloat16 if args.dtype == "bfloat16" else None
     model = load_model(args.model, device)
     print(f"{args.model}: {model.num_params() / 1e6:.1f}M params on {device} ({args.dtype}), {len(examples)} examples")
