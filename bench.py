@@ -47,7 +47,6 @@ from train_gpt2 import GPT, GPTConfig, autocast_context, flops_per_token, peak_f
 
 HERE = Path(__file__).resolve().parent
 SECTIONS = ("train", "generate", "hellaswag", "loader", "fineweb")
-HELLASWAG_SCRIPT = HERE / "scripts" / "bench_hellaswag.py"  # another engineer's, used while it exists
 GPT2_124M = dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50257)
 
 # ----------------------------------------------------------------------------------------------------------
@@ -324,14 +323,6 @@ def synthetic_hellaswag(n: int, seed: int, group: int) -> list[dict]:
              "label": rng.randrange(4)} for i in range(n)]
 
 
-def load_script(path: Path):
-    """Import a file of scripts/ (not a package) as a module."""
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def bench_hellaswag(args, device: str) -> dict:
     """examples/s of the straightforward scoring (one example per forward, every row whole, logits everywhere)
     against hellaswag.py's default (shared context, batched) at each --hellaswag_batch, same model and
@@ -347,15 +338,6 @@ def bench_hellaswag(args, device: str) -> dict:
     result = {"model": shape_text(config), "dtype": args.dtype, "repeats": args.hellaswag_repeats}
     keys = ("method", "batch_size", "examples", "seconds", "examples_per_s", "speedup", "max_loss_diff",
             "same_predictions")
-    if HELLASWAG_SCRIPT.exists():
-        # Its author is still changing it: call it rather than a copy that would drift. When it is final it
-        # goes, and the measurement below (the same rows) takes over.
-        rows = load_script(HELLASWAG_SCRIPT).bench_rows(args.hellaswag_examples, tuple(sizes), device, args.dtype,
-                                                        args.hellaswag_repeats, config, args.seed)
-        rows = [{k: row.get(k) for k in keys} for row in rows]
-        return {**result, "source": str(HELLASWAG_SCRIPT.relative_to(HERE)),
-                "same_predictions": all(row["same_predictions"] for row in rows), "rows": rows}
-
     import hellaswag
 
     torch.manual_seed(args.seed)
@@ -385,13 +367,13 @@ def bench_hellaswag(args, device: str) -> dict:
                      # both predictions: acc (total loss) and acc_norm (mean loss per token)
                      "same_predictions": torch.equal(sum_loss.argmin(1), ref_sum.argmin(1))
                      and torch.equal(mean_loss.argmin(1), ref_mean.argmin(1))})
-    return {**result, "model": shape_text(config, model), "source": "bench.py",
+    return {**result, "model": shape_text(config, model),
             "same_predictions": all(row["same_predictions"] for row in rows), "rows": rows}
 
 
 def format_hellaswag(r: dict) -> str:
-    title = (f"HellaSwag scoring (synthetic examples of HellaSwag's lengths, best of {r['repeats']}, measured by "
-             f"{r['source']}): {r['model']}, {r['dtype']}")
+    title = (f"HellaSwag scoring (synthetic examples of HellaSwag's lengths, best of {r['repeats']}): "
+             f"{r['model']}, {r['dtype']}")
     columns = [("method", "method", "s"), ("batch_size", "examples/forward", "d"), ("examples", "examples", "d"),
                ("seconds", "seconds", ".2f"), ("examples_per_s", "examples/s", ".2f"), ("speedup", "speed-up", ".2f"),
                ("max_loss_diff", "max loss diff", ".1e"), ("same_predictions", "same predictions", "")]

@@ -63,14 +63,12 @@ def test_loader_memory_does_not_grow_with_the_shard(tmp_path):
     assert large["traced_vs_shard"] < 0.01  # under 1% of a 4 MB shard
 
 
-def test_hellaswag_builtin_measurement(tmp_path, monkeypatch):
-    """Without scripts/bench_hellaswag.py, bench.py measures itself: the reference way first, then
-    hellaswag.py's, which must reproduce the reference's scores."""
-    monkeypatch.setattr(bench, "HELLASWAG_SCRIPT", tmp_path / "absent.py")
+def test_hellaswag_measurement(tmp_path):
+    """The reference way first, then hellaswag.py's, which must reproduce the reference's scores."""
     results = bench.main(["--quick", "--only", "hellaswag", "--hellaswag_examples", "4", "--hellaswag_batch", "2,4",
                           "--json", str(tmp_path / "b.json")])
     r = results["sections"]["hellaswag"]
-    assert r["source"] == "bench.py" and r["same_predictions"] is True
+    assert r["same_predictions"] is True
     assert [row["batch_size"] for row in r["rows"]] == [1, 2, 4] and r["rows"][0]["speedup"] == 1.0
     assert "reference" in r["rows"][0]["method"] and all(row["max_loss_diff"] < 1e-3 for row in r["rows"])
 
