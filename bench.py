@@ -144,21 +144,6 @@ def format_table(title: str, columns: list[tuple[str, str, str]], rows: list[dic
     return "\n".join(out + [line(r) for r in cells])
 
 
-def atomic_write_json(obj, path: Path):
-    """Write to a temp file beside path, then rename: a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "w") as f:
-            json.dump(obj, f, indent=1)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def progress(message: str):
     print(f"[bench] {message}", file=sys.stderr, flush=True)
 
@@ -665,7 +650,8 @@ def main(argv: Optional[list[str]] = None) -> dict:
         if name == "hellaswag" and "error" not in r and not r["same_predictions"] and args.dtype == "float32":
             failures.append("hellaswag: batched and one-at-a-time predictions differ")
     results["failures"] = failures
-    atomic_write_json(results, Path(args.json))
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    train_gpt2.atomic_write(Path(args.json), lambda f: f.write(json.dumps(results, indent=1).encode() + b"\n"))
     print(header)
     print("=" * len(header))
     print("\n\n".join(tables))

@@ -231,12 +231,9 @@ def load_tokenizer():
     Imported here rather than at the top because train_gpt2 imports torch (~2 s), and every spawned worker
     re-imports this module; workers receive the encoding itself instead (see _init_worker).
     """
-    from train_gpt2 import EOT_TOKEN, get_tokenizer
+    from train_gpt2 import get_tokenizer
 
-    enc = get_tokenizer()
-    if enc.eot_token != EOT_TOKEN:
-        raise ValueError(f"tokenizer's <|endoftext|> is {enc.eot_token}, train_gpt2 expects {EOT_TOKEN}")
-    return enc
+    return get_tokenizer()
 
 
 _WORKER_ENCODING = None  # set in each pool worker by _init_worker (spawn-safe: passed, not inherited)
@@ -313,7 +310,9 @@ def small_corpus_val_size(tokens: np.ndarray, eot: int) -> int:
 
 
 def _atomic_write(path: Path, write) -> None:
-    """Write via a temp file in the same directory and os.replace, so a reader never sees half a file."""
+    """Write via a temp file in the same directory and os.replace, so a reader never sees half a file.
+    (train_gpt2.atomic_write does the same; this module keeps its own so it imports no torch, and its temp name
+    `.{stem}.tmp{suffix}` is what check_out_dir clears after a killed run.)"""
     tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
     try:
         with open(tmp, "wb") as f:

@@ -276,16 +276,14 @@ def _losses_full(model, batch: list, device) -> tuple[torch.Tensor, torch.Tensor
     return ending_losses(logits, tokens, mask)
 
 
-def _losses_shared_context(model, batch: list, device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def _losses_shared_context(model, batch: list, device) -> tuple[torch.Tensor, torch.Tensor]:
     """The same losses as _losses_full with less compute, for examples of one context length: the context runs
     once per example, not once per ending, and the 4 endings continue it from a KV cache in one chunk;
     lm_head runs only where a token is scored. Exact: causal attention makes a prefix independent of what
     follows it."""
-    from train_gpt2 import KVCache  # lazily, as default_encoding does
-
     tokens, mask = (t.to(device) for t in collate(batch))  # (4n, L), rows grouped by example
     n, c = len(batch), context_length(batch[0])
-    cache = KVCache(model.config, n, device, dtype, length=tokens.size(1))
+    cache = model.new_kv_cache(n, tokens.size(1))
     last = model.features(tokens[::N_ENDINGS, :c], cache)[:, -1:]  # (n, 1, C): predicts each first ending token
     cache.repeat_rows(N_ENDINGS)  # (4n rows): each example's context once per ending
     endings = model.features(tokens[:, c:], cache)  # (4n, L - c, C); right-padding cannot reach back: causal
@@ -311,7 +309,6 @@ def _score_rendered(
     sum_loss = torch.zeros((len(rendered), N_ENDINGS))
     mean_loss = torch.zeros((len(rendered), N_ENDINGS))
     device_type = torch.device(device).type
-    cache_dtype = autocast_dtype or model.lm_head.weight.dtype  # what the attention's k, v come out as
     was_training = model.training
     model.eval()
     try:
@@ -319,7 +316,7 @@ def _score_rendered(
             items = [rendered[i] for i in batch]
             with torch.autocast(device_type=device_type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
                 if shared_context:
-                    s, m = _losses_shared_context(model, items, device, cache_dtype)
+                    s, m = _losses_shared_context(model, items, device)
                 else:
                     s, m = _losses_full(model, items, device)
             sum_loss[batch] = s.view(-1, N_ENDINGS).cpu()

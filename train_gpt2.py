@@ -356,6 +356,13 @@ class GPT(nn.Module):
         groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
         return torch.optim.AdamW(groups, lr=learning_rate, betas=(0.9, 0.95), eps=1e-8, fused=device_type == "cuda")
 
+    def new_kv_cache(self, batch_size: int, length: int) -> KVCache:
+        """An empty cache on the model's device, in the dtype attention makes k, v in (autocast's, when on)."""
+        weight = self.transformer.wte.weight
+        on = torch.is_autocast_enabled(weight.device.type)
+        dtype = torch.get_autocast_dtype(weight.device.type) if on else weight.dtype
+        return KVCache(self.config, batch_size, weight.device, dtype, length)
+
     @torch.no_grad()
     def generate(
         self,
@@ -382,11 +389,7 @@ class GPT(nn.Module):
             if use_cache and cache is not None and idx.size(1) <= block_size:
                 h = self.features(idx[:, -1:], cache)  # decode: only the newest token is new
             elif use_cache and idx.size(1) < block_size:
-                # under autocast k and v come in the autocast dtype: store them so, not upcast
-                dtype = torch.get_autocast_dtype(idx.device.type) if torch.is_autocast_enabled(idx.device.type) \
-                    else self.transformer.wte.weight.dtype
-                cache = KVCache(self.config, idx.size(0), idx.device, dtype,
-                                length=min(block_size, idx.size(1) + max_new_tokens))  # positions this call fills
+                cache = self.new_kv_cache(idx.size(0), min(block_size, idx.size(1) + max_new_tokens))  # what we fill
                 h = self.features(idx, cache)  # prefill the prompt once
             else:
                 h = self.features(idx[:, -block_size:])  # no cache, or a sliding window whose positions all move
@@ -776,12 +779,12 @@ def load_model(source: str, device: str = "cpu") -> GPT:
     return model.to(device)
 
 
-def atomic_save(obj, path: Path):
-    """torch.save to a temp file beside `path`, fsync, then rename: a crash never leaves a truncated file."""
+def atomic_write(path: Path, write):
+    """write(f) into a temp file beside `path`, fsync, then rename: a crash never leaves a truncated file."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
-            torch.save(obj, f)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -1036,10 +1039,11 @@ def _train(cfg: TrainConfig, rt: Runtime, log) -> dict:
         if rt.master:
             if not all(torch.isfinite(p).all() for p in raw_model.parameters()):
                 raise NonFiniteError(f"refusing to checkpoint non-finite weights at step {step}")
-            atomic_save({"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
-                         "model_config": dataclasses.asdict(raw_model.config), "train_config": dataclasses.asdict(cfg),
-                         "step": step, "evals_done": done, "val_loss": metrics["val_loss"],
-                         "train_loader": train_loader.state_dict(), "rng": capture_rng_state()}, path)
+            ckpt = {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
+                    "model_config": dataclasses.asdict(raw_model.config), "train_config": dataclasses.asdict(cfg),
+                    "step": step, "evals_done": done, "val_loss": metrics["val_loss"],
+                    "train_loader": train_loader.state_dict(), "rng": capture_rng_state()}
+            atomic_write(path, lambda f: torch.save(ckpt, f))
             prune_checkpoints(log_dir, cfg.keep_last)
             refresh_plot(log_dir)
         if rt.ddp:
@@ -1183,12 +1187,7 @@ def plot_curves(log_dir: str | os.PathLike, out_path: str | os.PathLike | None =
         ax.grid(alpha=0.3)
         ax.legend()
     out = Path(out_path) if out_path is not None else Path(log_dir) / "curves.png"
-    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
-    try:  # temp file + rename: a viewer never sees a half-written PNG
-        fig.savefig(tmp, format="png", dpi=100)
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
+    atomic_write(out, lambda f: fig.savefig(f, format="png", dpi=100))  # a viewer never sees half a PNG
     return out
 
 

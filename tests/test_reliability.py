@@ -260,7 +260,7 @@ def test_sigkill_at_any_moment_then_resume_auto_loses_nothing(data, reference, r
 
 def test_resume_auto_skips_a_torn_newest_checkpoint_and_a_temp_file(data, reference, runs, tmp_path):
     """A killed run whose newest checkpoint is cut short (a copy interrupted, a disk that filled up) and
-    that left the temp file of a save in progress (what a kill inside atomic_save leaves): --resume auto
+    that left the temp file of a save in progress (what a kill inside atomic_write leaves): --resume auto
     prints a warning naming the torn file, resumes from the newest readable checkpoint, and ends where the
     uninterrupted run ends."""
     log_dir = tmp_path / "log"
