@@ -310,18 +310,11 @@ def small_corpus_val_size(tokens: np.ndarray, eot: int) -> int:
 
 
 def _atomic_write(path: Path, write) -> None:
-    """Write via a temp file in the same directory and os.replace, so a reader never sees half a file.
-    (train_gpt2.atomic_write does the same; this module keeps its own so it imports no torch, and its temp name
-    `.{stem}.tmp{suffix}` is what check_out_dir clears after a killed run.)"""
-    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    """train_gpt2.atomic_write (temp file `.{name}.tmp{pid}`, then rename), imported only when writing so that
+    importing this module, as spawned workers do, loads no torch."""
+    from train_gpt2 import atomic_write
+
+    atomic_write(path, write)
 
 
 class ShardWriter:
@@ -404,8 +397,8 @@ def find_outputs(out_dir: str | os.PathLike, prefix: str) -> tuple[list[Path], l
         m = SHARD_RE.match(path.name)
         if m:
             (ours if m["prefix"] == prefix else others).append(path)
-        elif path.name in (MANIFEST, ".manifest.tmp.json") or (
-            path.name.startswith(f".{prefix}_") and ".tmp." in path.name  # left by a killed run
+        elif path.name == MANIFEST or (
+            path.name.startswith((f".{prefix}_", f".{MANIFEST}.tmp")) and ".tmp" in path.name  # left by a killed run
         ):
             ours.append(path)
     return ours, others
