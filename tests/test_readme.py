@@ -112,3 +112,33 @@ def test_readme_commands_run_at_tiny_settings(tmp_path):
         result = run(argv)
         assert result.returncode == 0, (argv, result.stderr[-2000:])
     assert (log_dir / "curves.png").is_file() and (tmp_path / "hf" / "config.json").is_file()
+
+
+def inline_commands(text: str) -> list[list[str]]:
+    """`python X.py ...` / `torchrun ...` code spans in the prose (placeholders like FILE... left out)."""
+    spans = re.findall(r"`((?:python|torchrun) [^`]*)`", text)
+    return [shlex.split(span) for span in spans if "..." not in span]
+
+
+def test_every_command_in_the_readme_parses():
+    """Each command the README shows, in a code block or in the prose, is accepted by its program's parser."""
+    import bench
+    import fineweb
+    import hellaswag
+
+    parsers = {"fineweb.py": fineweb.build_parser().parse_args, "hellaswag.py": hellaswag.parse_args,
+               "bench.py": bench.parse_args, "train_gpt2.py": train_gpt2.parse_train_args}
+    checked = 0
+    for argv in readme_commands() + inline_commands(README):
+        script = next((a for a in argv if a.endswith(".py")), None)
+        if script is None or (script == "train_gpt2.py" and train_args(argv) is None):
+            continue  # pip, or the sample/plot/export sub-commands, which the test below runs for real
+        args = argv[argv.index(script) + 1 :]
+        if "-h" in args:
+            with pytest.raises(SystemExit) as e:
+                parsers[script](args)
+            assert e.value.code == 0
+        else:
+            parsers[script](args)
+        checked += 1
+    assert checked >= 12

@@ -567,3 +567,16 @@ def test_shakespeare_preset_val_loss_falls(tmp_path):
     assert val[0][1] > 10.0
     assert val[-1][1] < val[0][1] - 2.5, val
     assert headers(tmp_path / "log")[0]["config"]["n_layer"] == 4
+
+
+def test_wandb_is_imported_only_when_asked_and_runs_disabled(data, tmp_path, monkeypatch):
+    """--wandb_project works with WANDB_MODE=disabled (offline machines, CI); without it wandb is never imported."""
+    import sys
+
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    sys.modules.pop("wandb", None)
+    run_train(**settings(data, tmp_path / "plain", max_steps=1))
+    assert "wandb" not in sys.modules
+    metrics = run_train(**settings(data, tmp_path / "wb", max_steps=2, wandb_project="gpt2-test"))
+    assert "wandb" in sys.modules and metrics["step"] == 2
