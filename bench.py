@@ -286,68 +286,71 @@ WORDS = (
     "knife bread slices carefully finally begins stops laughs camera shows continues while holding his her "
     "their onto into towards around several times again shown talking about using pieces wood floor wall"
 ).split()  # every one a single GPT-2 token after its space, so word counts are token counts
-HELLASWAG_CONTEXT, HELLASWAG_ENDING = (60, 100), (15, 30)  # token lengths, as in the val set
+HELLASWAG_CONTEXT, HELLASWAG_ENDING = (60, 100), (15, 30)  # default token lengths (--hellaswag_context/_ending)
 
 
-def synthetic_hellaswag(n: int, seed: int, group: int) -> list[dict]:
-    """Random-word examples of HellaSwag's token lengths. Speed depends on lengths (padding, the shared
-    context, the lm_head), not on words. Contexts come in runs of `group` examples of one length, evenly
-    spaced over the range: hellaswag.py batches equal contexts, and in the 10,042 val examples every length
-    is common enough to fill its batches, which a small random sample would not."""
+def synthetic_hellaswag(n: int, seed: int, context=HELLASWAG_CONTEXT, ending=HELLASWAG_ENDING) -> list[dict]:
+    """Random-word examples whose context and ending token lengths are uniform over the (lo, hi) ranges given.
+    Speed depends on lengths (padding, the shared context, the lm_head), not on words."""
     rng = random.Random(seed)
-    runs = -(-n // group)
-    lo, hi = HELLASWAG_CONTEXT
-    lengths = [round(lo + (hi - lo) * (r + 0.5) / runs) for r in range(runs)]
-    rng.shuffle(lengths)
 
     def words(k: int) -> str:
         return " ".join(rng.choice(WORDS) for _ in range(k))
 
-    return [{"ind": i, "ctx": "The " + words(lengths[i // group] - 2) + ".",  # "The", words, ".": that many tokens
-             "endings": [words(rng.randint(*HELLASWAG_ENDING) - 1) + "." for _ in range(4)],  # after a " "
+    return [{"ind": i, "ctx": "The " + words(rng.randint(*context) - 2) + ".",  # "The", words, ".": that many tokens
+             "endings": [words(rng.randint(*ending) - 1) + "." for _ in range(4)],  # after a " "
              "label": rng.randrange(4)} for i in range(n)]
 
 
 def bench_hellaswag(args, device: str) -> dict:
     """examples/s of the straightforward scoring (one example per forward, every row whole, logits everywhere)
-    against hellaswag.py's default (shared context, batched) at each --hellaswag_batch, same model and
+    against hellaswag.py's default (packed rows, batched) at each --hellaswag_batch, same model and
     examples, and whether they agree. The model is the train section's shape."""
     config = model_config(args, "train")
     if config.vocab_size < train_gpt2.GPT2_VOCAB_SIZE:
         raise ValueError(f"hellaswag needs the GPT-2 vocabulary (>= {train_gpt2.GPT2_VOCAB_SIZE}), the model has {config.vocab_size}")
-    if config.block_size < HELLASWAG_CONTEXT[1] + HELLASWAG_ENDING[1]:
-        raise ValueError(f"hellaswag needs --block_size >= {HELLASWAG_CONTEXT[1] + HELLASWAG_ENDING[1]}, got {config.block_size}")
+    longest = args.hellaswag_context[1] + args.hellaswag_ending[1]
+    if config.block_size < longest:
+        raise ValueError(f"hellaswag needs --block_size >= {longest} (the longest context + ending), got {config.block_size}")
     sizes = [1] + list(args.hellaswag_batch)  # the reference first: one example per forward
-    progress(f"hellaswag: {args.hellaswag_examples} synthetic examples, batch sizes {sizes}, "
+    lengths = f"context {'-'.join(map(str, args.hellaswag_context))}, endings {'-'.join(map(str, args.hellaswag_ending))} tokens"
+    progress(f"hellaswag: {args.hellaswag_examples} synthetic examples ({lengths}), batch sizes {sizes}, "
              f"{config.n_layer} layers x {config.n_embd}")
-    result = {"model": shape_text(config), "dtype": args.dtype, "repeats": args.hellaswag_repeats}
-    keys = ("method", "batch_size", "examples", "seconds", "examples_per_s", "speedup", "max_loss_diff",
-            "same_predictions")
+    result = {"model": shape_text(config), "dtype": args.dtype, "repeats": args.hellaswag_repeats, "lengths": lengths}
     import hellaswag
 
     torch.manual_seed(args.seed)
     model = GPT(config).to(device).eval()
-    examples = synthetic_hellaswag(args.hellaswag_examples, args.seed, group=max(sizes))
+    # Count the tokens each way sends through the blocks and through lm_head: their matmul FLOPs (attention's
+    # T^2 terms left out) show what the speed-up can be when the forward pass is compute-bound.
+    tokens = {"blocks": 0, "head": 0}
+    for name, module in (("blocks", model.transformer.h[0]), ("head", model.lm_head)):
+        module.register_forward_hook(lambda m, inputs, out, name=name: tokens.update(
+            {name: tokens[name] + inputs[0].numel() // config.n_embd}))
+    flops_per = {"blocks": 2 * config.n_layer * 12 * config.n_embd ** 2, "head": 2 * config.vocab_size * config.n_embd}
+    examples = synthetic_hellaswag(args.hellaswag_examples, args.seed, args.hellaswag_context, args.hellaswag_ending)
     autocast_dtype = torch.bfloat16 if args.dtype == "bfloat16" else None
     runs = [(b, i == 0) for i, b in enumerate(sizes)]  # (batch size, is the reference)
 
     def score(run, subset=examples):
         batch_size, reference = run
         return hellaswag.score_examples(model, subset, device, batch_size=batch_size, autocast_dtype=autocast_dtype,
-                                        shared_context=not reference)
+                                        packed=not reference)
 
     for run in runs:  # warm-up: allocator, kernel choice, the tokenizer's first load
         score(run, examples[: run[0]])
-    best, results = [float("inf")] * len(runs), [None] * len(runs)
+    best, results, flops = [float("inf")] * len(runs), [None] * len(runs), [0] * len(runs)
     for _ in range(args.hellaswag_repeats):  # interleaved, best of
         for i, run in enumerate(runs):
+            tokens.update(blocks=0, head=0)
             seconds, results[i] = timed(lambda: score(run), device)
-            best[i] = min(best[i], seconds)
+            best[i], flops[i] = min(best[i], seconds), sum(tokens[k] * flops_per[k] for k in tokens)
     ref_sum, ref_mean, _ = results[0]
     n, rows = len(examples), []
-    for (batch_size, reference), seconds, (sum_loss, mean_loss, _) in zip(runs, best, results):
-        rows.append({"method": "one at a time, full logits (reference)" if reference else "shared context, batched",
+    for (batch_size, reference), seconds, f, (sum_loss, mean_loss, _) in zip(runs, best, flops, results):
+        rows.append({"method": "one at a time, full logits (reference)" if reference else "packed rows, batched",
                      "batch_size": batch_size, "examples": n, "seconds": seconds, "examples_per_s": n / seconds,
+                     "gflop_per_example": f / n / 1e9, "flop_ratio": flops[0] / f,
                      "speedup": best[0] / seconds, "max_loss_diff": (sum_loss - ref_sum).abs().max().item(),
                      # both predictions: acc (total loss) and acc_norm (mean loss per token)
                      "same_predictions": torch.equal(sum_loss.argmin(1), ref_sum.argmin(1))
@@ -357,10 +360,11 @@ def bench_hellaswag(args, device: str) -> dict:
 
 
 def format_hellaswag(r: dict) -> str:
-    title = (f"HellaSwag scoring (synthetic examples of HellaSwag's lengths, best of {r['repeats']}): "
+    title = (f"HellaSwag scoring (synthetic examples: {r['lengths']}; best of {r['repeats']}): "
              f"{r['model']}, {r['dtype']}")
     columns = [("method", "method", "s"), ("batch_size", "examples/forward", "d"), ("examples", "examples", "d"),
-               ("seconds", "seconds", ".2f"), ("examples_per_s", "examples/s", ".2f"), ("speedup", "speed-up", ".2f"),
+               ("seconds", "seconds", ".2f"), ("examples_per_s", "examples/s", ".2f"),
+               ("gflop_per_example", "GFLOP/example", ".1f"), ("flop_ratio", "FLOP ratio", ".2f"), ("speedup", "speed-up", ".2f"),
                ("max_loss_diff", "max loss diff", ".1e"), ("same_predictions", "same predictions", "")]
     rows = [{**row, "same_predictions": "yes" if row["same_predictions"] else "NO"} for row in r["rows"]]
     return format_table(title, columns, rows)
@@ -565,6 +569,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--gen_repeats", type=int, help="timed runs of each path; the fastest counts")
     g.add_argument("--hellaswag_examples", type=int, help="synthetic examples scored per run")
     g.add_argument("--hellaswag_batch", type=comma_ints, help="examples per forward of the batched runs, e.g. 8,32")
+    g.add_argument("--hellaswag_context", type=comma_ints, default=HELLASWAG_CONTEXT,
+                   help="LO,HI: context token lengths of the synthetic examples (LO >= 2)")
+    g.add_argument("--hellaswag_ending", type=comma_ints, default=HELLASWAG_ENDING, help="LO,HI: ending token lengths")
     g.add_argument("--hellaswag_repeats", type=int, help="timed runs per batch size; the fastest counts")
     g = p.add_argument_group("loader and fineweb")
     g.add_argument("--loader_tokens", type=comma_ints, help="synthetic shard sizes in tokens, e.g. 2e6,2e7")
@@ -596,6 +603,10 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     for name in positive:
         if getattr(args, name) <= 0:
             parser.error(f"--{name} must be positive, got {getattr(args, name)}")
+    for name, least in (("hellaswag_context", 2), ("hellaswag_ending", 1)):  # context: at least "The" and "."
+        lo_hi = getattr(args, name)
+        if len(lo_hi) != 2 or not least <= lo_hi[0] <= lo_hi[1]:
+            parser.error(f"--{name} must be LO,HI with {least} <= LO <= HI, got {','.join(map(str, lo_hi))}")
     if args.warmup_steps < 0 or args.threads < 0 or args.peak_flops < 0 or args.fineweb_mb <= 0:
         parser.error("--warmup_steps, --threads and --peak_flops must be >= 0, --fineweb_mb > 0")
     if args.n_embd % args.n_head:

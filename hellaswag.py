@@ -7,9 +7,10 @@ endings and compute the model's cross-entropy over the ending tokens only. The p
 the lowest total loss (`acc`) or the lowest mean loss per token (`acc_norm`, which does not favour short
 endings). Multiple-choice style (showing all four endings and asking for a letter) needs a stronger model.
 
-The scores are those of running each of the 4 rows whole (`score_examples(..., shared_context=False)` does
-exactly that, as the reference), computed with less work: the context, which the 4 endings share, runs once
-and the endings continue it from a KV cache; the vocabulary-wide lm_head runs only at the scored positions.
+The scores are those of running each of the 4 rows whole (`score_examples(..., packed=False)` does exactly
+that, as the reference), computed with less work: an example's context and its 4 endings go in one packed row,
+so the context, which the endings share, runs once; position ids and an attention mask give every ending the
+view it has in its own row; the vocabulary-wide lm_head runs only at the scored positions.
 
 Reference numbers with this scoring on the 10,042 validation examples:
     OpenAI GPT-2 124M (`--model gpt2`): acc_norm 0.2955
@@ -209,8 +210,9 @@ def ending_losses(
         raise ValueError("a row has no scored tokens (mask all 0)")
     rows, cols = target_mask.nonzero(as_tuple=True)  # (K,), (K,)
     logits = outputs[rows, cols] if head is None else head(outputs[rows, cols])  # (K, V)
-    logits = logits[:, :GPT2_VOCAB_SIZE]  # padded ids are never targets; leave them out of the softmax too
-    token_loss = F.cross_entropy(logits.float(), tokens[rows, cols + 1], reduction="none")  # (K,)
+    logits = logits.float()  # a new tensor: indexing and the head each make one, so writing into it is safe
+    logits[:, GPT2_VOCAB_SIZE:] = float("-inf")  # padded ids are never targets; keep them out of the softmax too
+    token_loss = F.cross_entropy(logits, tokens[rows, cols + 1], reduction="none")  # (K,)
     # Scatter into a dense (N, L-1) grid and sum rows: deterministic on GPU, unlike an atomic index_add.
     dense = torch.zeros(target_mask.shape, dtype=torch.float32, device=outputs.device)
     dense[rows, cols] = token_loss
@@ -252,21 +254,19 @@ def _render_all(examples: Sequence[dict], indices: Sequence[int], block_size: in
     return rendered
 
 
-def context_length(item: tuple[torch.Tensor, torch.Tensor, int]) -> int:
-    """Context tokens of a rendered example: its first scored position (the 4 rows share the context)."""
-    return int(item[1][0].argmax())  # argmax returns the first 1 of the mask
+def _packed_length(item: tuple[torch.Tensor, torch.Tensor, int]) -> int:
+    """Tokens in an example's packed row: the context once, then each ending but its last token."""
+    tokens, mask, _ = item
+    return int(mask[0].argmax()) + int(mask.sum()) - N_ENDINGS  # argmax: the first 1, i.e. the context length
 
 
-def _batches(rendered: list, batch_size: int, shared_context: bool) -> list[list[int]]:
-    """Indices of `rendered`, at most batch_size examples per batch. Similar lengths go together, so little
-    compute goes to padding; the shared-context path needs one context length per batch. Which examples share
-    a batch does not change their scores, so this is only a matter of speed."""
+def _batches(lengths: list[int], batch_size: int) -> list[list[int]]:
+    """Indices 0..n-1 in batches of at most batch_size, similar lengths together so that little compute goes
+    to padding. Which examples share a batch does not change their scores: this is only a matter of speed."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    contexts = [context_length(item) if shared_context else 0 for item in rendered]
-    order = sorted(range(len(rendered)), key=lambda i: (contexts[i], rendered[i][0].size(1)))
-    groups = [list(g) for _, g in itertools.groupby(order, key=contexts.__getitem__)]
-    return [g[i : i + batch_size] for g in groups for i in range(0, len(g), batch_size)]
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
 
 
 def _losses_full(model, batch: list, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -276,20 +276,50 @@ def _losses_full(model, batch: list, device) -> tuple[torch.Tensor, torch.Tensor
     return ending_losses(logits, tokens, mask)
 
 
-def _losses_shared_context(model, batch: list, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The same losses as _losses_full with less compute, for examples of one context length: the context runs
-    once per example, not once per ending, and the 4 endings continue it from a KV cache in one chunk;
-    lm_head runs only where a token is scored. Exact: causal attention makes a prefix independent of what
-    follows it."""
-    tokens, mask = (t.to(device) for t in collate(batch))  # (4n, L), rows grouped by example
-    n, c = len(batch), context_length(batch[0])
-    cache = model.new_kv_cache(n, tokens.size(1))
-    last = model.features(tokens[::N_ENDINGS, :c], cache)[:, -1:]  # (n, 1, C): predicts each first ending token
-    cache.repeat_rows(N_ENDINGS)  # (4n rows): each example's context once per ending
-    endings = model.features(tokens[:, c:], cache)  # (4n, L - c, C); right-padding cannot reach back: causal
-    hidden = torch.cat([last.repeat_interleave(N_ENDINGS, dim=0), endings], dim=1)  # (4n, L - c + 1, C)
-    # hidden holds positions c - 1 .. L - 1: the window of tokens from the last context token on
-    return ending_losses(hidden, tokens[:, c - 1 :], mask[:, c - 1 :], head=model.lm_head)
+def pack(batch: list) -> dict[str, torch.Tensor]:
+    """The examples of a batch packed one per row, for _losses_packed.
+
+    Row e holds example e's context once, then each of its 4 endings but the last token (whose output
+    predicts nothing we score), right-padded. Each ending gets the positions it has in its own full row (they
+    start at the context length again) and sees the context and its own earlier tokens only, so every hidden
+    state is that of the straightforward way. Alongside, the (4n, W) windows ending_losses scores, W = 1 + the
+    longest ending: the tokens (the last context token, then the ending), their mask, and where in the packed
+    row each window position's hidden state is. Returns tokens, pos, attn_mask (n, 1, P, P), and
+    row (4n,), where (4n, W), window_tokens (4n, W), window_mask (4n, W)."""
+    rows, positions, segments, windows = [], [], [], []
+    for tokens, mask, _ in batch:
+        c = int(mask[0].argmax())
+        row, pos, seg = tokens[0, :c].tolist(), list(range(c)), [0] * c
+        for i in range(N_ENDINGS):
+            ending = tokens[i, mask[i].bool()].tolist()
+            start = len(row)  # where this ending's tokens but the last go
+            windows.append(([row[c - 1]] + ending, [c - 1] + list(range(start, start + len(ending) - 1))))
+            row += ending[:-1]
+            pos += range(c, c + len(ending) - 1)
+            seg += [i + 1] * (len(ending) - 1)
+        rows.append(row), positions.append(pos), segments.append(seg)
+    P, W = max(map(len, rows)), max(len(w) for w, _ in windows)
+
+    def padded(lists, width, value):
+        return torch.tensor([x + [value] * (width - len(x)) for x in lists], dtype=torch.long)
+
+    seg = padded(segments, P, -1)  # (n, P); padding is segment -1: it sees the context and padding, never scored
+    causal = torch.ones(P, P, dtype=torch.bool).tril()  # (P, P): query q sees keys k <= q
+    same = (seg[:, None, :] == 0) | (seg[:, None, :] == seg[:, :, None])  # (n, P, P): context, or the same segment
+    return dict(tokens=padded(rows, P, 0), pos=padded(positions, P, 0), attn_mask=(causal & same)[:, None],
+                row=torch.arange(len(batch)).repeat_interleave(N_ENDINGS),
+                where=padded([w for _, w in windows], W, 0), window_tokens=padded([t for t, _ in windows], W, 0),
+                window_mask=padded([[0] + [1] * (len(t) - 1) for t, _ in windows], W, 0))
+
+
+def _losses_packed(model, batch: list, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same losses as _losses_full with less compute: each context runs once, not once per ending, no
+    ending's last token runs at all, and lm_head runs only where a token is scored. Exact: a token's hidden state
+    depends only on the tokens it sees and their positions, which pack() keeps as in the full rows."""
+    p = {k: v.to(device) for k, v in pack(batch).items()}
+    hidden = model.features(p["tokens"], pos=p["pos"], attn_mask=p["attn_mask"])  # (n, P, C)
+    windows = hidden[p["row"][:, None], p["where"]]  # (4n, W, C): the hidden states of each ending's window
+    return ending_losses(windows, p["window_tokens"], p["window_mask"], head=model.lm_head)
 
 
 @torch.no_grad()
@@ -300,12 +330,13 @@ def _score_rendered(
     batch_size: int,
     autocast_dtype: Optional[torch.dtype],
     progress: bool = False,
-    shared_context: bool = True,
+    packed: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(sum_loss, mean_loss), each (n, 4) float32 on the CPU, in the order of `rendered`."""
     from tqdm import tqdm
 
-    batches = _batches(rendered, batch_size, shared_context)
+    length = _packed_length if packed else (lambda item: item[0].size(1))  # what a batch is padded to
+    batches = _batches([length(item) for item in rendered], batch_size)
     sum_loss = torch.zeros((len(rendered), N_ENDINGS))
     mean_loss = torch.zeros((len(rendered), N_ENDINGS))
     device_type = torch.device(device).type
@@ -315,8 +346,8 @@ def _score_rendered(
         for batch in tqdm(batches, desc="hellaswag", unit="batch", disable=not progress):
             items = [rendered[i] for i in batch]
             with torch.autocast(device_type=device_type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-                if shared_context:
-                    s, m = _losses_shared_context(model, items, device)
+                if packed:
+                    s, m = _losses_packed(model, items, device)
                 else:
                     s, m = _losses_full(model, items, device)
             sum_loss[batch] = s.view(-1, N_ENDINGS).cpu()
@@ -335,13 +366,13 @@ def score_examples(
     autocast_dtype=None,
     enc=None,
     progress=False,
-    shared_context: bool = True,
+    packed: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(sum_loss (n, 4), mean_loss (n, 4), labels (n,)) for examples, in order. acc's prediction is
-    sum_loss.argmin(1), acc_norm's mean_loss.argmin(1). shared_context=False scores the straightforward way
+    sum_loss.argmin(1), acc_norm's mean_loss.argmin(1). packed=False scores the straightforward way
     (every row whole, logits everywhere): the reference the fast default must reproduce."""
     rendered = _render_all(examples, range(len(examples)), model.config.block_size, model.config.vocab_size, enc)
-    sum_loss, mean_loss = _score_rendered(model, rendered, device, batch_size, autocast_dtype, progress, shared_context)
+    sum_loss, mean_loss = _score_rendered(model, rendered, device, batch_size, autocast_dtype, progress, packed)
     return sum_loss, mean_loss, torch.tensor([label for _, _, label in rendered], dtype=torch.long)
 
 
@@ -358,11 +389,10 @@ def evaluate(
 ) -> dict:
     """HellaSwag accuracy of our GPT: dict(n, correct, correct_norm, acc, acc_norm) over all examples.
 
-    batch_size counts examples (4 rows each) per batch; a batch holds examples of one context length. Under
-    DDP every rank calls this with the same examples and its own rank; rank r scores examples
-    i % world_size == r and the counts are all-reduced, so every rank returns the single-process result. Pass
-    the plain model (not the DDP wrapper, and uncompiled: every batch has a new length). It runs in eval mode
-    without gradients and restores the model's mode."""
+    batch_size counts examples per batch (one packed row each). Under DDP every rank calls this with the same
+    examples and its own rank; rank r scores examples i % world_size == r and the counts are all-reduced, so
+    every rank returns the single-process result. Pass the plain model (not the DDP wrapper, and uncompiled:
+    every batch has a new length). It runs in eval mode without gradients and restores the model's mode."""
     if not examples:
         raise ValueError("no HellaSwag examples to evaluate")
     if not 0 <= rank < world_size:

@@ -205,12 +205,6 @@ class KVCache:
         self.v = torch.empty(shape, device=device, dtype=dtype)
         self.pos = 0  # number of positions already cached
 
-    def repeat_rows(self, n: int):
-        """Repeat each row n times (batch B -> B * n; row b becomes rows b * n .. b * n + n - 1), so that n
-        different continuations of each cached prefix can follow it (e.g. the 4 endings of a shared context)."""
-        self.k = self.k.repeat_interleave(n, dim=1)
-        self.v = self.v.repeat_interleave(n, dim=1)
-
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         """Store k, v (B, nh, T, hs) after the cached positions; return all keys and values so far."""
         end = self.pos + k.size(2)
@@ -227,7 +221,7 @@ class CausalSelfAttention(nn.Module):
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)  # q, k, v for all heads in one matmul
         self.c_proj = nn.Linear(config.n_embd, config.n_embd)
 
-    def forward(self, x: torch.Tensor, kv_cache: Optional[KVCache] = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, kv_cache: Optional[KVCache] = None, attn_mask=None) -> torch.Tensor:
         B, T, C = x.size()
         q, k, v = self.c_attn(x).split(C, dim=2)
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
@@ -236,7 +230,9 @@ class CausalSelfAttention(nn.Module):
         pos = 0 if kv_cache is None else kv_cache.pos  # positions cached before these T
         if kv_cache is not None:
             k, v = kv_cache.update(self.layer, k, v)  # (B, nh, pos+T, hs)
-        if pos == 0:  # nothing cached: ordinary causal attention
+        if attn_mask is not None:  # packed sequences: the caller says which keys each query sees
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)  # (B, nh, T, hs)
+        elif pos == 0:  # nothing cached: ordinary causal attention
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
         else:
             # The queries are positions pos..pos+T-1, the keys 0..pos+T-1: query i sees keys up to pos + i, a
@@ -266,8 +262,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, kv_cache: Optional[KVCache] = None) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), kv_cache)  # pre-norm: the residual stream itself is never normalised
+    def forward(self, x: torch.Tensor, kv_cache: Optional[KVCache] = None, attn_mask=None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), kv_cache, attn_mask)  # pre-norm: the residual stream itself is never normalised
         x = x + self.mlp(self.ln_2(x))
         return x
 
@@ -304,21 +300,28 @@ class GPT(nn.Module):
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
-    def features(self, idx: torch.Tensor, kv_cache: Optional[KVCache] = None) -> torch.Tensor:
+    def features(self, idx: torch.Tensor, kv_cache: Optional[KVCache] = None, pos=None, attn_mask=None) -> torch.Tensor:
         """idx (B, T) token ids -> final hidden states (B, T, C) after ln_f, which lm_head turns into logits.
-        With a kv_cache, idx continues the cached positions: a prefill, a decode step or a chunk of T tokens."""
+        With a kv_cache, idx continues the cached positions: a prefill, a decode step or a chunk of T tokens.
+        Packed sequences (several in one row, e.g. continuations of one prefix) give their own position ids
+        pos (B, T) and attn_mask (B, 1, T, T), True where a query may see a key, in place of the causal mask."""
         if idx.dim() != 2 or idx.size(1) == 0:
             raise ValueError(f"idx must be a non-empty (B, T) tensor of token ids, got shape {tuple(idx.shape)}")
         B, T = idx.size()
         start = 0 if kv_cache is None else kv_cache.pos
-        if start + T > self.config.block_size:
-            raise ValueError(f"sequence length {start + T} exceeds block_size {self.config.block_size}")
+        if (pos is None) != (attn_mask is None) or (pos is not None and kv_cache is not None):
+            raise ValueError("packed sequences need both pos and attn_mask, and no kv_cache")
+        if pos is None:
+            pos = torch.arange(start, start + T, dtype=torch.long, device=idx.device)  # (T,)
+            if start + T > self.config.block_size:
+                raise ValueError(f"sequence length {start + T} exceeds block_size {self.config.block_size}")
+        elif int(pos.max()) >= self.config.block_size:
+            raise ValueError(f"position id {int(pos.max())} >= block_size {self.config.block_size}")
         if kv_cache is not None and start + T > kv_cache.length:
             raise ValueError(f"sequence length {start + T} exceeds the KV cache's length {kv_cache.length}")
-        pos = torch.arange(start, start + T, dtype=torch.long, device=idx.device)  # (T,)
         x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C)
         for block in self.transformer.h:
-            x = block(x, kv_cache)
+            x = block(x, kv_cache, attn_mask)
         if kv_cache is not None:
             kv_cache.pos += T
         return self.transformer.ln_f(x)

@@ -71,22 +71,32 @@ def test_hellaswag_measurement(tmp_path):
     assert r["same_predictions"] is True
     assert [row["batch_size"] for row in r["rows"]] == [1, 2, 4] and r["rows"][0]["speedup"] == 1.0
     assert "reference" in r["rows"][0]["method"] and all(row["max_loss_diff"] < 1e-3 for row in r["rows"])
-
-
-def test_synthetic_hellaswag_examples_have_the_stated_lengths():
+    # FLOPs counted from the tokens through the blocks and lm_head: the reference runs 4 full rows per example
     import hellaswag
 
-    examples = bench.synthetic_hellaswag(12, seed=0, group=4)
-    assert examples == bench.synthetic_hellaswag(12, seed=0, group=4)  # seeded
+    args = bench.parse_args(["--quick"])
+    config = bench.model_config(args, "train")
+    rows = sum(4 * hellaswag.render_example(ex)[0].size(1) for ex in bench.synthetic_hellaswag(4, seed=1337))
+    per_token = 2 * (config.n_layer * 12 * config.n_embd ** 2 + config.vocab_size * config.n_embd)
+    assert r["rows"][0]["gflop_per_example"] == pytest.approx(rows * per_token / 4 / 1e9)
+    assert r["rows"][0]["flop_ratio"] == 1.0 and all(row["flop_ratio"] > 1.5 for row in r["rows"][1:])
+
+
+@pytest.mark.parametrize("context, ending", [(bench.HELLASWAG_CONTEXT, bench.HELLASWAG_ENDING), ((2, 12), (1, 5))])
+def test_synthetic_hellaswag_examples_have_the_stated_lengths(context, ending):
+    import hellaswag
+
+    examples = bench.synthetic_hellaswag(12, 0, context, ending)
+    assert examples == bench.synthetic_hellaswag(12, 0, context, ending)  # seeded
     enc = hellaswag.default_encoding()
     context_lengths = []
     for example in examples:
         hellaswag.check_example(example)
         context_lengths.append(len(enc.encode_ordinary(example["ctx"])))
-        for ending in example["endings"]:
-            assert bench.HELLASWAG_ENDING[0] <= len(enc.encode_ordinary(" " + ending)) <= bench.HELLASWAG_ENDING[1]
-    assert all(bench.HELLASWAG_CONTEXT[0] <= n <= bench.HELLASWAG_CONTEXT[1] for n in context_lengths)
-    assert [len(set(context_lengths[i : i + 4])) for i in (0, 4, 8)] == [1, 1, 1]  # runs of one length
+        for text in example["endings"]:
+            assert ending[0] <= len(enc.encode_ordinary(" " + text)) <= ending[1]
+    assert all(context[0] <= n <= context[1] for n in context_lengths)
+    assert len(set(context_lengths)) > 6  # spread over the range
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -95,6 +105,8 @@ def test_synthetic_hellaswag_examples_have_the_stated_lengths():
     (["--seq_len", "512", "--block_size", "256"], "exceeds --block_size"),
     (["--n_embd", "30", "--n_head", "4"], "divisible"),
     (["--quick", "--preset", "gpt2-124M"], "pass one of them"),
+    (["--hellaswag_context", "1,10"], "--hellaswag_context must be LO,HI with 2 <= LO <= HI"),
+    (["--hellaswag_ending", "9,3"], "--hellaswag_ending must be LO,HI with 1 <= LO <= HI"),
 ])
 def test_bad_arguments_are_rejected(argv, message, capsys):
     with pytest.raises(SystemExit) as e:

@@ -391,7 +391,7 @@ def test_main_user_errors_are_one_line(assets, tmp_path, capsys, case, expected)
 
 
 # ----------------------------------------------------------------------------------------------------------
-# The fast path (shared context, lm_head only where scored) equals the straightforward one
+# The fast path (packed rows: each context once; lm_head only where scored) equals the straightforward one
 
 
 def straightforward_losses(model, examples) -> tuple[torch.Tensor, torch.Tensor]:
@@ -408,19 +408,15 @@ def straightforward_losses(model, examples) -> tuple[torch.Tensor, torch.Tensor]
     return torch.stack(sums), torch.stack(means)
 
 
-def test_shared_context_scoring_equals_the_straightforward_way(assets):
+def test_packed_scoring_equals_the_straightforward_way(assets):
     model = assets["model"]
     edge = [{"ctx": "Hi", "endings": ["a", "b", "c", "d"], "label": 1},  # one context token, one token per ending
             {"ctx": "Hi", "endings": ["there", "you", "all", "a b c"], "label": 0}]
     examples = assets["examples"][:30] + edge
-    rendered = [hellaswag.render_example(ex) for ex in examples]
-    contexts = [hellaswag.context_length(item) for item in rendered]
-    assert contexts[-2:] == [1, 1]
-    assert sum(contexts.count(c) >= 3 for c in set(contexts)) >= 3  # batches of several examples happen
     ref_sum, ref_mean = straightforward_losses(model, examples)
     assert len(set(ref_sum.argmin(1).tolist())) > 1 and not torch.equal(ref_sum.argmin(1), ref_mean.argmin(1))
 
-    runs = [dict(batch_size=1), dict(batch_size=4), dict(batch_size=64), dict(batch_size=1, shared_context=False)]
+    runs = [dict(batch_size=1), dict(batch_size=4), dict(batch_size=64), dict(batch_size=1, packed=False)]
     for kwargs in runs:
         sum_loss, mean_loss, labels = hellaswag.score_examples(model, examples, "cpu", **kwargs)
         assert torch.equal(sum_loss.argmin(1), ref_sum.argmin(1)), kwargs
@@ -428,6 +424,31 @@ def test_shared_context_scoring_equals_the_straightforward_way(assets):
         torch.testing.assert_close(sum_loss, ref_sum, rtol=1e-5, atol=1e-4, msg=str(kwargs))  # fp32 rounding only
         torch.testing.assert_close(mean_loss, ref_mean, rtol=1e-5, atol=1e-4, msg=str(kwargs))
         assert labels.tolist() == [ex["label"] for ex in examples]
+
+
+def test_pack_layout_on_a_hand_built_example():
+    """Context [5, 6], endings [7], [8, 9], [10, 11, 12], [13]: one row, each ending but its last token after
+    the context, positions restarting at 2, each ending seeing the context and itself only."""
+    tokens = torch.tensor([[5, 6, 7, 0, 0], [5, 6, 8, 9, 0], [5, 6, 10, 11, 12], [5, 6, 13, 0, 0]])
+    mask = torch.tensor([[0, 0, 1, 0, 0], [0, 0, 1, 1, 0], [0, 0, 1, 1, 1], [0, 0, 1, 0, 0]])
+    short = (torch.tensor([[5, 6, 7]] * 4), torch.tensor([[0, 0, 1]] * 4), 0)  # 1-token endings: packs to [5, 6]
+    p = hellaswag.pack([(tokens, mask, 0), short])
+    assert p["tokens"].tolist() == [[5, 6, 8, 10, 11], [5, 6, 0, 0, 0]]
+    assert p["pos"].tolist() == [[0, 1, 2, 2, 3], [0, 1, 0, 0, 0]]
+    sees = [[1, 0, 0, 0, 0],  # context: causal
+            [1, 1, 0, 0, 0],
+            [1, 1, 1, 0, 0],  # ending 1's first token: the context and itself
+            [1, 1, 0, 1, 0],  # ending 2's first token: not ending 1
+            [1, 1, 0, 1, 1]]
+    assert p["attn_mask"][0, 0].int().tolist() == sees
+    assert p["attn_mask"][1, 0].int().tolist() == [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0],
+                                                   [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]  # padding: never NaN rows
+    assert p["row"].tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
+    # window r: the last context token, then ending r; its hidden states come from these packed positions
+    assert p["window_tokens"][:4].tolist() == [[6, 7, 0, 0], [6, 8, 9, 0], [6, 10, 11, 12], [6, 13, 0, 0]]
+    assert p["window_mask"][:4].tolist() == [[0, 1, 0, 0], [0, 1, 1, 0], [0, 1, 1, 1], [0, 1, 0, 0]]
+    assert p["where"][:4, :3].tolist() == [[1, 0, 0], [1, 2, 0], [1, 3, 4], [1, 0, 0]]
+    assert p["window_tokens"][4:].tolist() == [[6, 7, 0, 0]] * 4 and p["where"][4:, 0].tolist() == [1] * 4
 
 
 def test_ending_losses_from_hidden_states_and_head():

@@ -1,4 +1,5 @@
-"""The KV cache is exact (generation and raw decode logits, float64) and the MFU arithmetic is right."""
+"""The KV cache and packed rows are exact (float64), generation with and without the cache agrees, and the MFU
+arithmetic is right."""
 
 import pytest
 import torch
@@ -154,19 +155,31 @@ def test_chunks_after_cached_positions_equal_full_forward(B, splits):
     assert cache.pos == start
 
 
-def test_repeated_rows_continue_each_prefix():
-    """A cache prefilled with 2 prefixes, each row repeated 3 times, continues each prefix 3 different ways."""
+def test_packed_row_equals_each_sequence_alone():
+    """A prefix and 3 continuations of it in one row, each continuation with its own positions and a mask that
+    shows it the prefix and itself only, give the hidden states of the 3 full sequences run separately."""
     model = small_model()
-    prefixes, continuations = prompt(2, 9, seed=2), prompt(6, 5, seed=3)  # rows 0-2 follow prefix 0, 3-5 prefix 1
-    cache = KVCache(model.config, 2, "cpu", torch.float64, length=14)
-    model(prefixes, kv_cache=cache)
-    cache.repeat_rows(3)
-    assert cache.k.shape[1] == 6 and cache.pos == 9
-    logits, _ = model(continuations, kv_cache=cache)  # (6, 5, vocab)
-    full, _ = model(torch.cat([prefixes.repeat_interleave(3, dim=0), continuations], dim=1))  # (6, 14, vocab)
-    torch.testing.assert_close(logits, full[:, 9:], rtol=0, atol=1e-10)
-    with pytest.raises(ValueError, match="KV cache's length 14"):  # a short cache says so, not a shape error
-        model(continuations[:, :1], kv_cache=cache)
+    prefix, conts = prompt(1, 9, seed=2)[0], [prompt(1, n, seed=3 + n)[0] for n in (5, 2, 7)]
+    row = torch.cat([prefix, *conts])[None]  # (1, 23)
+    pos = torch.cat([torch.arange(9)] + [torch.arange(9, 9 + len(c)) for c in conts])[None]
+    seg = torch.cat([torch.zeros(9, dtype=torch.long)] + [torch.full((len(c),), i + 1) for i, c in enumerate(conts)])
+    mask = torch.ones(23, 23, dtype=torch.bool).tril() & ((seg[None, :] == 0) | (seg[None, :] == seg[:, None]))
+    packed = model.features(row, pos=pos, attn_mask=mask[None, None])[0]  # (23, C)
+    start = 9
+    for c in conts:
+        alone = model.features(torch.cat([prefix, c])[None])[0]  # (9 + len(c), C)
+        torch.testing.assert_close(packed[:9], alone[:9], rtol=0, atol=1e-10)
+        torch.testing.assert_close(packed[start : start + len(c)], alone[9:], rtol=0, atol=1e-10)
+        start += len(c)
+    with pytest.raises(ValueError, match="both pos and attn_mask"):
+        model.features(row, pos=pos)
+    with pytest.raises(ValueError, match="no kv_cache"):
+        model.features(row, kv_cache=KVCache(model.config, 1, "cpu", torch.float64), pos=pos, attn_mask=mask)
+    with pytest.raises(ValueError, match="position id 24 >= block_size 24"):
+        model.features(row, pos=pos + 9, attn_mask=mask)
+    long_row = torch.cat([row, row], dim=1)  # 46 tokens > block_size: fine, only positions must fit
+    long_mask = torch.block_diag(mask, mask)
+    assert model.features(long_row, pos=torch.cat([pos, pos], 1), attn_mask=long_mask[None, None]).shape == (1, 46, 32)
 
 
 def test_features_then_lm_head_is_forward():
