@@ -277,15 +277,15 @@ def _losses_full(model, batch: list, device) -> tuple[torch.Tensor, torch.Tensor
 
 
 def pack(batch: list) -> dict[str, torch.Tensor]:
-    """The examples of a batch packed one per row, for _losses_packed.
+    """The n examples of a batch packed one per row, for _losses_packed.
 
-    Row e holds example e's context once, then each of its 4 endings but the last token (whose output
-    predicts nothing we score), right-padded. Each ending gets the positions it has in its own full row (they
-    start at the context length again) and sees the context and its own earlier tokens only, so every hidden
-    state is that of the straightforward way. Alongside, the (4n, W) windows ending_losses scores, W = 1 + the
-    longest ending: the tokens (the last context token, then the ending), their mask, and where in the packed
-    row each window position's hidden state is. Returns tokens, pos, attn_mask (n, 1, P, P), and
-    row (4n,), where (4n, W), window_tokens (4n, W), window_mask (4n, W)."""
+    Row e holds example e's context once, then each of its 4 endings without its last token (whose output
+    predicts nothing we score), right-padded to P. Each ending has the positions it has in its own full row
+    (starting at the context length again) and sees only the context and its own earlier tokens, so every
+    hidden state is the one the straightforward way computes. The model's inputs: tokens, pos (n, P) and
+    attn_mask (n, 1, P, P). For scoring, one window per ending (4n of them, W = 1 + the longest ending):
+    window_tokens (the last context token, then the ending), window_mask (1 on the ending), and where its
+    hidden states are: packed row `row` (4n,), positions `where` (4n, W)."""
     rows, positions, segments, windows = [], [], [], []
     for tokens, mask, _ in batch:
         c = int(mask[0].argmax())
@@ -297,7 +297,9 @@ def pack(batch: list) -> dict[str, torch.Tensor]:
             row += ending[:-1]
             pos += range(c, c + len(ending) - 1)
             seg += [i + 1] * (len(ending) - 1)
-        rows.append(row), positions.append(pos), segments.append(seg)
+        rows.append(row)
+        positions.append(pos)
+        segments.append(seg)
     P, W = max(map(len, rows)), max(len(w) for w, _ in windows)
 
     def padded(lists, width, value):
