@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
 import json
-import os
 import platform
 import random
 import resource
@@ -47,7 +45,6 @@ from train_gpt2 import GPT, GPTConfig, autocast_context, flops_per_token, peak_f
 
 HERE = Path(__file__).resolve().parent
 SECTIONS = ("train", "generate", "hellaswag", "loader", "fineweb")
-GPT2_124M = dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50257)
 
 # ----------------------------------------------------------------------------------------------------------
 # Presets: every flag's value per preset; explicit flags override them.
@@ -151,7 +148,7 @@ def progress(message: str):
 def model_config(args, shape: str) -> GPTConfig:
     """The model of the train section ('train': the --n_layer... flags) or GPT-2 124M with its real vocab."""
     if shape == "gpt2-124M":
-        return GPTConfig(**GPT2_124M)
+        return GPTConfig()  # the defaults are GPT-2 124M
     return GPTConfig(n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd, vocab_size=args.vocab_size,
                      block_size=args.block_size)
 
@@ -515,7 +512,7 @@ def bench_fineweb(args, device: str) -> dict:
     for row in rows:
         row["vs_baseline"] = row["tokens_per_s"] / rows[0]["tokens_per_s"]
     return {"corpus_mb": corpus_bytes / 1e6, "documents": len(docs), "repeats": args.fineweb_repeats,
-            "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(), "rows": rows}
+            "cpus": fineweb.available_cpus(), "rows": rows}
 
 
 def format_fineweb(r: dict) -> str:

@@ -52,8 +52,6 @@ SMALL_VAL_WINDOW = (0.05, 0.2)
 BATCH_CHARS = 1 << 18
 BATCH_DOCS = 1024
 
-SHARD_RE = re.compile(r"^(?P<prefix>.+)_(?P<split>val|train)_(?P<index>\d{6})\.npy$")
-
 TXT_RULE = (
     "A .txt file (UTF-8) holds documents separated by two or more consecutive blank lines (lines with "
     "only whitespace); a single blank line, a paragraph break, stays inside its document. Leading and "
@@ -225,15 +223,18 @@ def batch_documents(
 # Tokenising
 
 
+def _train_gpt2():
+    """train_gpt2 (tokenizer, shard names, atomic writes), imported on first use rather than at the top: it
+    imports torch (~2 s), and every spawned worker re-imports this module; workers receive the encoding itself
+    instead (see _init_worker)."""
+    import train_gpt2
+
+    return train_gpt2
+
+
 def load_tokenizer():
-    """The offline GPT-2 encoding from train_gpt2.
-
-    Imported here rather than at the top because train_gpt2 imports torch (~2 s), and every spawned worker
-    re-imports this module; workers receive the encoding itself instead (see _init_worker).
-    """
-    from train_gpt2 import get_tokenizer
-
-    return get_tokenizer()
+    """The offline GPT-2 encoding of train_gpt2."""
+    return _train_gpt2().get_tokenizer()
 
 
 _WORKER_ENCODING = None  # set in each pool worker by _init_worker (spawn-safe: passed, not inherited)
@@ -289,11 +290,6 @@ def tokenize_documents(
 # Writing shards
 
 
-def shard_name(prefix: str, index: int) -> str:
-    """{prefix}_{val|train}_{index:06d}.npy: shard 0 is the validation split."""
-    return f"{prefix}_{'val' if index == 0 else 'train'}_{index:06d}.npy"
-
-
 def small_corpus_val_size(tokens: np.ndarray, eot: int) -> int:
     """How many leading tokens of a one-shard corpus go to val (see SMALL_RULE)."""
     n = len(tokens)
@@ -307,14 +303,6 @@ def small_corpus_val_size(tokens: np.ndarray, eot: int) -> int:
     if len(starts):
         return int(starts[np.argmin(np.abs(starts - target))])
     return target
-
-
-def _atomic_write(path: Path, write) -> None:
-    """train_gpt2.atomic_write (temp file `.{name}.tmp{pid}`, then rename), imported only when writing so that
-    importing this module, as spawned workers do, loads no torch."""
-    from train_gpt2 import atomic_write
-
-    atomic_write(path, write)
 
 
 class ShardWriter:
@@ -381,9 +369,9 @@ class ShardWriter:
 
     def _write(self, tokens: np.ndarray) -> None:
         index = len(self.shards)
-        name = shard_name(self.prefix, index)
+        name = _train_gpt2().shard_name(self.prefix, index)
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        _atomic_write(self.out_dir / name, lambda f: np.save(f, tokens, allow_pickle=False))
+        _train_gpt2().atomic_write(self.out_dir / name, lambda f: np.save(f, tokens, allow_pickle=False))
         self.shards.append({"file": name, "split": "val" if index == 0 else "train", "tokens": int(len(tokens))})
 
 
@@ -394,7 +382,7 @@ def find_outputs(out_dir: str | os.PathLike, prefix: str) -> tuple[list[Path], l
     if not out_dir.is_dir():
         return ours, others
     for path in sorted(out_dir.iterdir()):
-        m = SHARD_RE.match(path.name)
+        m = _train_gpt2().SHARD_NAME.fullmatch(path.name)
         if m:
             (ours if m["prefix"] == prefix else others).append(path)
         elif path.name == MANIFEST or (
@@ -425,7 +413,7 @@ def check_out_dir(out_dir: str | os.PathLike, prefix: str, overwrite: bool) -> l
 def write_manifest(out_dir: str | os.PathLike, manifest: dict) -> Path:
     """manifest.json beside the shards, written atomically and last: its presence means the run finished."""
     path = Path(out_dir) / MANIFEST
-    _atomic_write(path, lambda f: f.write((json.dumps(manifest, indent=2) + "\n").encode()))
+    _train_gpt2().atomic_write(path, lambda f: f.write((json.dumps(manifest, indent=2) + "\n").encode()))
     return path
 
 
@@ -504,7 +492,7 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _default_workers() -> int:
+def available_cpus() -> int:
     try:
         return len(os.sched_getaffinity(0))  # respects container/taskset CPU limits
     except AttributeError:  # macOS, Windows
@@ -542,7 +530,7 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--overwrite", action="store_true",
                      help="delete this prefix's shards and the manifest in --out_dir first")
     run = parser.add_argument_group("run")
-    run.add_argument("--workers", type=_positive_int, default=_default_workers(),
+    run.add_argument("--workers", type=_positive_int, default=available_cpus(),
                      help="tokenizer processes; 1 = no pool (default: CPUs available, %(default)s)")
     run.add_argument("--start_method", choices=multiprocessing.get_all_start_methods(),
                      help="multiprocessing start method (default: the platform's)")

@@ -31,10 +31,8 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import itertools
 import json
 import os
-import re
 import sys
 import urllib.error
 import urllib.request
@@ -44,12 +42,13 @@ from typing import Optional, Sequence
 import torch
 import torch.nn.functional as F
 
+from train_gpt2 import GPT2_VOCAB_SIZE, check_device, get_tokenizer, load_model
+
 HERE = Path(__file__).resolve().parent
 DEFAULT_CACHE_DIR = HERE / "hellaswag_data"
 DATA_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_{split}.jsonl"
 SPLITS = ("train", "val", "test")
 N_ENDINGS = 4
-GPT2_VOCAB_SIZE = 50257  # real token ids: a model padded to 50304 is scored over these, as its HF export is
 
 # ----------------------------------------------------------------------------------------------------------
 # Data: download, read, validate
@@ -161,18 +160,11 @@ def load_examples(
 # Rendering and scoring
 
 
-def default_encoding():
-    """The GPT-2 tokenizer of train_gpt2 (built offline, cached)."""
-    from train_gpt2 import get_tokenizer  # lazily: train_gpt2 imports this module lazily too
-
-    return get_tokenizer()
-
-
 def render_example(example: dict, enc=None) -> tuple[torch.Tensor, torch.Tensor, int]:
     """(tokens (4, L) long, mask (4, L) long, label): context then " " + ending per row, mask 1 on ending
     tokens, rows right-padded with 0 to the longest one."""
     check_example(example)
-    enc = default_encoding() if enc is None else enc
+    enc = get_tokenizer() if enc is None else enc
     # encode_ordinary: text that happens to spell "<|endoftext|>" is plain text here, not a special token
     ctx_tokens = enc.encode_ordinary(example["ctx"])
     if not ctx_tokens:
@@ -233,7 +225,6 @@ def collate(rendered: Sequence[tuple[torch.Tensor, torch.Tensor, int]]) -> tuple
 
 def _render_all(examples: Sequence[dict], indices: Sequence[int], block_size: int, vocab_size: int, enc) -> list:
     """Rendered examples, checked to fit the model's context and vocabulary (indices name them in errors)."""
-    enc = default_encoding() if enc is None else enc
     rendered = []
     for i, example in zip(indices, examples):
         try:
@@ -449,8 +440,6 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 def run(args: argparse.Namespace) -> dict:
     """Load data and model as the arguments say, evaluate, print a summary; the metrics dict."""
-    from train_gpt2 import check_device, load_model
-
     examples = load_examples(args.split, args.data, args.cache_dir)[: args.limit]
     device = check_device(args.device)
     autocast_dtype = torch.bfloat16 if args.dtype == "bfloat16" else None

@@ -462,6 +462,15 @@ def convert_hf_state_dict(hf_sd: dict, our_sd: dict) -> dict:
 # Data: fineweb.py's uint16 shards, memory-mapped and read as one continuous token stream per split
 
 
+# The shard names fineweb.py writes and this file reads; one definition for both. Shard 000000 is val.
+SHARD_NAME = re.compile(r"(?P<prefix>[^.].*)_(?P<split>val|train)_(?P<index>\d{6})\.npy")  # [^.]: not a temp file
+
+
+def shard_name(prefix: str, index: int) -> str:
+    """{prefix}_{val|train}_{index:06d}.npy: shard 0 is the validation split, the rest are train."""
+    return f"{prefix}_{'val' if index == 0 else 'train'}_{index:06d}.npy"
+
+
 def list_shards(data_root: str | os.PathLike, split: str) -> list[Path]:
     """The `split` shards of data_root ({prefix}_{split}_{index:06d}.npy), in index order."""
     root = Path(data_root)
@@ -470,8 +479,7 @@ def list_shards(data_root: str | os.PathLike, split: str) -> list[Path]:
             f"data directory {root} does not exist; create it with `python fineweb.py` "
             f"(or `python fineweb.py --local input.txt --out_dir {root}` for the built-in corpus)"
         )
-    pattern = re.compile(rf"[^.].*_{re.escape(split)}_(\d+)\.npy")  # not fineweb.py's hidden .tmp files
-    found = [(int(m[1]), p) for p in root.iterdir() if (m := pattern.fullmatch(p.name))]
+    found = [(int(m["index"]), p) for p in root.iterdir() if (m := SHARD_NAME.fullmatch(p.name)) and m["split"] == split]
     shards = [p for _, p in sorted(found)]
     if not shards:
         raise FileNotFoundError(f"no '{split}' shards (*_{split}_*.npy) in {root}; run fineweb.py to make them")
@@ -1262,10 +1270,8 @@ def train_parser() -> argparse.ArgumentParser:
         description="Train GPT-2 (sub-commands: sample, plot, export; see `train_gpt2.py sample -h`).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--preset", choices=sorted(PRESETS), help="a named recipe; other flags override it")
-    for f in dataclasses.fields(TrainConfig):
-        kind = {bool: str2bool, "bool": str2bool, int: int, "int": int, float: float, "float": float}.get(f.type, str)
-        if "Optional[int]" in str(f.type):
-            kind = int
+    for f in dataclasses.fields(TrainConfig):  # f.type is the annotation's text (from __future__ import annotations)
+        kind = {"bool": str2bool, "int": int, "Optional[int]": int, "float": float}.get(f.type, str)
         parser.add_argument(f"--{f.name}", type=kind, default=f.default, help=f.metadata["help"],
                             metavar="true|false" if kind is str2bool else None)
     return parser

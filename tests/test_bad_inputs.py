@@ -8,7 +8,6 @@ selected cases are started two at a time when the first one runs, and each test 
 
 import dataclasses
 import json
-import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +18,7 @@ import pytest
 import torch
 
 from train_gpt2 import GPT, GPTConfig
+from helpers import child_env
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -178,9 +178,8 @@ def command(case: Case, d: Path, out: Path) -> list[str]:
 
 
 def run_case(case: Case, d: Path, out: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    env.pop("GPT2_DEBUG", None)  # it turns clean errors into tracebacks
-    return subprocess.run(command(case, d, out), cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    return subprocess.run(command(case, d, out), cwd=ROOT, env=child_env(), capture_output=True, text=True,
+                          timeout=TIMEOUT)
 
 
 @pytest.fixture(scope="module")

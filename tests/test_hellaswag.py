@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import hellaswag
 from train_gpt2 import get_tokenizer, load_model
+from helpers import child_env
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = (
@@ -342,10 +342,9 @@ def test_truncated_download_is_not_cached(tmp_path, monkeypatch, assets):
 
 
 def run_cli(*args):
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1")
     return subprocess.run(
         [sys.executable, str(ROOT / "hellaswag.py"), *map(str, args)],
-        capture_output=True, text=True, env=env, cwd=ROOT, timeout=300,
+        capture_output=True, text=True, env=child_env(), cwd=ROOT, timeout=300,
     )
 
 

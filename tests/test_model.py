@@ -700,7 +700,7 @@ def test_import_has_no_side_effects(tmp_path):
     home.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("XDG_", "HF_", "TORCH"))}
     env.update(PYTHONPATH=str(ROOT), HOME=str(home), PYTHONDONTWRITEBYTECODE="1")
-    code = "import sys, train_gpt2; assert 'transformers' not in sys.modules, 'transformers imported'"
+    code = "import sys, train_gpt2, hellaswag; assert 'transformers' not in sys.modules, 'transformers imported'"
     proc = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "" and proc.stderr == ""

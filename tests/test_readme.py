@@ -1,6 +1,5 @@
 """README.md is part of the product: its commands must parse, and the quick start must run (at tiny settings)."""
 
-import os
 import re
 import shlex
 import subprocess
@@ -10,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import train_gpt2
+from helpers import child_env
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -40,8 +40,7 @@ def section(title: str) -> str:
 
 
 def run(argv, **kw):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, **kw)
+    return subprocess.run(argv, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=600, **kw)
 
 
 def test_quick_start_has_exactly_two_commands_and_ci_runs_the_test_one():

@@ -26,6 +26,7 @@ import torch
 
 import train_gpt2
 from train_gpt2 import GPTConfig, TrainConfig, checkpoint_paths, read_log
+from helpers import child_env
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 40
@@ -45,14 +46,6 @@ def flags(data: Path, log_dir: Path, **overrides) -> list[str]:
     """The command-line flags of the standard run (RUN), writing to log_dir."""
     values = {**RUN, "data_root": data, "log_dir": log_dir, **overrides}
     return [text for key, value in values.items() for text in (f"--{key}", str(value))]
-
-
-def child_env() -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    env.pop("GPT2_DEBUG", None)  # it turns clean errors into tracebacks
-    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    return env
 
 
 class Run:

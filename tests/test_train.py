@@ -22,6 +22,7 @@ import torch
 
 import train_gpt2
 from train_gpt2 import PRESETS, Runtime, TrainConfig, get_lr, parse_train_args, read_log, train
+from helpers import child_env
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 96
@@ -123,14 +124,6 @@ def assert_logs_close(a: dict, b: dict, atol: float):
         assert [s for s, _ in a[kind]] == [s for s, _ in b[kind]], kind
         for (step, x), (_, y) in zip(a[kind], b[kind]):
             assert abs(x - y) <= atol, (kind, step, x, y)
-
-
-def child_env() -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    env.pop("GPT2_DEBUG", None)  # it turns clean CLI errors into tracebacks
-    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    return env
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,13 @@
+"""Helpers shared by test modules (conftest.py sets up the test process's own environment)."""
+
+import os
+
+
+def child_env() -> dict:
+    """The environment of a program a test starts: one thread each, unbuffered output, no GPT2_DEBUG (it turns
+    clean errors into tracebacks) and no torchrun variables inherited from a parent."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env.pop("GPT2_DEBUG", None)
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    return env
