@@ -187,7 +187,7 @@ def bench_train(args, device: str) -> dict:
             torch.cuda.reset_peak_memory_stats()
 
         def step():
-            # The step of train_gpt2._train without grad accumulation: what a micro-batch costs end to end.
+            # The step of train_gpt2.train without grad accumulation: what a micro-batch costs end to end.
             optimizer.zero_grad(set_to_none=True)
             with autocast_context(device, dtype):
                 _, loss = step_model(x, y)
@@ -205,8 +205,7 @@ def bench_train(args, device: str) -> dict:
             raise RuntimeError(f"train: non-finite loss {loss.item()} at B={B}")
         seconds = statistics.median(times)  # median: one step stalled by another process does not count
         tok_per_s = B * T / seconds
-        flops_tok = flops_per_token(model.num_params(exclude_embeddings=True), config.n_layer, config.n_head,
-                                    config.n_embd // config.n_head, T)
+        flops_tok = flops_per_token(model, T)
         rows.append({"batch_size": B, "seq_len": T, "tokens_per_step": B * T, "ms_per_step": seconds * 1e3,
                      "ms_per_step_min": min(times) * 1e3, "tokens_per_s": tok_per_s,
                      "mfu": flops_tok * tok_per_s / peak if peak else None,
@@ -331,8 +330,8 @@ def bench_hellaswag(args, device: str) -> dict:
 
     def score(run, subset=examples):
         batch_size, reference = run
-        return hellaswag.score_examples(model, subset, device, batch_size=batch_size, autocast_dtype=autocast_dtype,
-                                        packed=not reference)
+        return hellaswag.score_examples(model, subset, device, enc=train_gpt2.get_tokenizer(), batch_size=batch_size,
+                                        autocast_dtype=autocast_dtype, packed=not reference)
 
     for run in runs:  # warm-up: allocator, kernel choice, the tokenizer's first load
         score(run, examples[: run[0]])
@@ -535,7 +534,8 @@ BENCHES = {"train": (bench_train, format_train), "generate": (bench_generate, fo
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     add = p.add_argument
     add("--preset", choices=sorted(PRESETS), default="cpu", help="sizes of every section; flags override them")
     add("--quick", action="store_true", help="the same as --preset quick: tiny sizes, seconds")

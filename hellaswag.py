@@ -23,8 +23,9 @@ Run it:
     python hellaswag.py --model out/gpt2-ours --data my/hellaswag_val.jsonl
 
 The split files come from https://github.com/rowanz/hellaswag (downloaded once into hellaswag_data/ next
-to this file; HF_DATASETS_OFFLINE=1 forbids the download). train_gpt2.py calls `evaluate` during training.
-Importing this module does nothing but define things.
+to this file; HF_DATASETS_OFFLINE=1 forbids the download). train_gpt2.py calls `evaluate` during training,
+passing its tokenizer; this module imports train_gpt2 only in its command line (run), so a training run
+never loads train_gpt2.py twice. Importing this module does nothing but define things.
 """
 
 from __future__ import annotations
@@ -41,8 +42,6 @@ from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F
-
-from train_gpt2 import GPT2_VOCAB_SIZE, check_device, get_tokenizer, load_model
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_CACHE_DIR = HERE / "hellaswag_data"
@@ -160,11 +159,10 @@ def load_examples(
 # Rendering and scoring
 
 
-def render_example(example: dict, enc=None) -> tuple[torch.Tensor, torch.Tensor, int]:
+def render_example(example: dict, enc) -> tuple[torch.Tensor, torch.Tensor, int]:
     """(tokens (4, L) long, mask (4, L) long, label): context then " " + ending per row, mask 1 on ending
-    tokens, rows right-padded with 0 to the longest one."""
+    tokens, rows right-padded with 0 to the longest one. enc: the GPT-2 tokenizer (train_gpt2.get_tokenizer())."""
     check_example(example)
-    enc = get_tokenizer() if enc is None else enc
     # encode_ordinary: text that happens to spell "<|endoftext|>" is plain text here, not a special token
     ctx_tokens = enc.encode_ordinary(example["ctx"])
     if not ctx_tokens:
@@ -181,7 +179,7 @@ def render_example(example: dict, enc=None) -> tuple[torch.Tensor, torch.Tensor,
 
 
 def ending_losses(
-    outputs: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor, head=None
+    outputs: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor, head=None, vocab_limit: Optional[int] = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row (sum, mean) cross-entropy (N,) float32 over the tokens where mask is 1.
 
@@ -189,7 +187,8 @@ def ending_losses(
     loss of token t + 1 is taken from position t. Or, given `head` (the model's lm_head), outputs (N, L, C) are
     its final hidden states, and head makes logits at the K scored positions only: the vocabulary-wide matmul
     at every position is a large part of a forward pass. Only the K scored positions go through the softmax,
-    never the whole (N, L, V) tensor. Padding (mask 0) changes nothing."""
+    never the whole (N, L, V) tensor. Padding (mask 0) changes nothing. Ids >= vocab_limit (the tokenizer's
+    n_vocab; a padded table's extra rows) are left out of the softmax: no text ever holds them."""
     if not outputs.shape[:2] == tokens.shape == mask.shape:
         shapes = f"outputs {tuple(outputs.shape)}, tokens {tuple(tokens.shape)}, mask {tuple(mask.shape)}"
         raise ValueError(f"need outputs (N, L, V or C), tokens (N, L), mask (N, L); got {shapes}")
@@ -203,7 +202,8 @@ def ending_losses(
     rows, cols = target_mask.nonzero(as_tuple=True)  # (K,), (K,)
     logits = outputs[rows, cols] if head is None else head(outputs[rows, cols])  # (K, V)
     logits = logits.float()  # a new tensor: indexing and the head each make one, so writing into it is safe
-    logits[:, GPT2_VOCAB_SIZE:] = float("-inf")  # padded ids are never targets; keep them out of the softmax too
+    if vocab_limit is not None:
+        logits[:, vocab_limit:] = float("-inf")  # padded ids are never targets; keep them out of the softmax too
     token_loss = F.cross_entropy(logits, tokens[rows, cols + 1], reduction="none")  # (K,)
     # Scatter into a dense (N, L-1) grid and sum rows: deterministic on GPU, unlike an atomic index_add.
     dense = torch.zeros(target_mask.shape, dtype=torch.float32, device=outputs.device)
@@ -260,11 +260,11 @@ def _batches(lengths: list[int], batch_size: int) -> list[list[int]]:
     return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
 
 
-def _losses_full(model, batch: list, device) -> tuple[torch.Tensor, torch.Tensor]:
+def _losses_full(model, batch: list, device, vocab_limit: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(sum, mean) losses (4n,) the straightforward way: every row whole, logits at every position."""
     tokens, mask = (t.to(device) for t in collate(batch))  # (4n, L)
     logits, _ = model(tokens)  # (4n, L, V)
-    return ending_losses(logits, tokens, mask)
+    return ending_losses(logits, tokens, mask, vocab_limit=vocab_limit)
 
 
 def pack(batch: list) -> dict[str, torch.Tensor]:
@@ -305,14 +305,14 @@ def pack(batch: list) -> dict[str, torch.Tensor]:
                 window_mask=padded([[0] + [1] * (len(t) - 1) for t, _ in windows], W, 0))
 
 
-def _losses_packed(model, batch: list, device) -> tuple[torch.Tensor, torch.Tensor]:
+def _losses_packed(model, batch: list, device, vocab_limit: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The same losses as _losses_full with less compute: each context runs once, not once per ending, no
     ending's last token runs at all, and lm_head runs only where a token is scored. Exact: a token's hidden state
     depends only on the tokens it sees and their positions, which pack() keeps as in the full rows."""
     p = {k: v.to(device) for k, v in pack(batch).items()}
     hidden = model.features(p["tokens"], pos=p["pos"], attn_mask=p["attn_mask"])  # (n, P, C)
     windows = hidden[p["row"][:, None], p["where"]]  # (4n, W, C): the hidden states of each ending's window
-    return ending_losses(windows, p["window_tokens"], p["window_mask"], head=model.lm_head)
+    return ending_losses(windows, p["window_tokens"], p["window_mask"], head=model.lm_head, vocab_limit=vocab_limit)
 
 
 @torch.no_grad()
@@ -322,6 +322,7 @@ def _score_rendered(
     device,
     batch_size: int,
     autocast_dtype: Optional[torch.dtype],
+    vocab_limit: int,
     progress: bool = False,
     packed: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -339,10 +340,7 @@ def _score_rendered(
         for batch in tqdm(batches, desc="hellaswag", unit="batch", disable=not progress):
             items = [rendered[i] for i in batch]
             with torch.autocast(device_type=device_type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-                if packed:
-                    s, m = _losses_packed(model, items, device)
-                else:
-                    s, m = _losses_full(model, items, device)
+                s, m = (_losses_packed if packed else _losses_full)(model, items, device, vocab_limit)
             sum_loss[batch] = s.view(-1, N_ENDINGS).cpu()
             mean_loss[batch] = m.view(-1, N_ENDINGS).cpu()
     finally:
@@ -355,17 +353,18 @@ def score_examples(
     examples: Sequence[dict],
     device,
     *,
+    enc,
     batch_size: int = 8,
     autocast_dtype=None,
-    enc=None,
     progress=False,
     packed: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(sum_loss (n, 4), mean_loss (n, 4), labels (n,)) for examples, in order. acc's prediction is
-    sum_loss.argmin(1), acc_norm's mean_loss.argmin(1). packed=False scores the straightforward way
-    (every row whole, logits everywhere): the reference the fast default must reproduce."""
+    sum_loss.argmin(1), acc_norm's mean_loss.argmin(1). enc: the GPT-2 tokenizer. packed=False scores the
+    straightforward way (every row whole, logits everywhere): the reference the fast default must reproduce."""
     rendered = _render_all(examples, range(len(examples)), model.config.block_size, model.config.vocab_size, enc)
-    sum_loss, mean_loss = _score_rendered(model, rendered, device, batch_size, autocast_dtype, progress, packed)
+    sum_loss, mean_loss = _score_rendered(model, rendered, device, batch_size, autocast_dtype, enc.n_vocab, progress,
+                                          packed)
     return sum_loss, mean_loss, torch.tensor([label for _, _, label in rendered], dtype=torch.long)
 
 
@@ -374,13 +373,15 @@ def evaluate(
     examples: Sequence[dict],
     device,
     *,
+    enc,
     batch_size: int = 8,
     autocast_dtype: Optional[torch.dtype] = None,
     rank: int = 0,
     world_size: int = 1,
     progress: bool = False,
 ) -> dict:
-    """HellaSwag accuracy of our GPT: dict(n, correct, correct_norm, acc, acc_norm) over all examples.
+    """HellaSwag accuracy of our GPT: dict(n, correct, correct_norm, acc, acc_norm) over all examples, with
+    enc the GPT-2 tokenizer (train_gpt2.get_tokenizer(); passed in, so this module need not import train_gpt2).
 
     batch_size counts examples per batch (one packed row each). Under DDP every rank calls this with the same
     examples and its own rank; rank r scores examples i % world_size == r and the counts are all-reduced, so
@@ -394,7 +395,7 @@ def evaluate(
     error = None
     try:
         config = model.config
-        rendered = _render_all([examples[i] for i in indices], indices, config.block_size, config.vocab_size, None)
+        rendered = _render_all([examples[i] for i in indices], indices, config.block_size, config.vocab_size, enc)
     except ValueError as e:
         error = e
     if world_size > 1:
@@ -405,7 +406,7 @@ def evaluate(
             error = ValueError("HellaSwag examples failed validation on another rank (see its error)")
     if error is not None:
         raise error
-    sum_loss, mean_loss = _score_rendered(model, rendered, device, batch_size, autocast_dtype, progress)
+    sum_loss, mean_loss = _score_rendered(model, rendered, device, batch_size, autocast_dtype, enc.n_vocab, progress)
     labels = torch.tensor([label for _, _, label in rendered], dtype=torch.long)
     correct = (sum_loss.argmin(dim=1) == labels).sum()
     correct_norm = (mean_loss.argmin(dim=1) == labels).sum()
@@ -421,7 +422,8 @@ def evaluate(
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description="HellaSwag accuracy (completion style) of a GPT-2 model.")
+    p = argparse.ArgumentParser(description="HellaSwag accuracy (completion style) of a GPT-2 model.",
+                                allow_abbrev=False)
     p.add_argument("--model", default="gpt2", help="gpt2|gpt2-medium|gpt2-large|gpt2-xl, an HF directory, or our .pt")
     p.add_argument("--device", default="auto", help="auto|cpu|cuda|cuda:N|mps (auto: cuda, else mps, else cpu)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="bfloat16: run under autocast")
@@ -440,12 +442,15 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 def run(args: argparse.Namespace) -> dict:
     """Load data and model as the arguments say, evaluate, print a summary; the metrics dict."""
+    from train_gpt2 import check_device, get_tokenizer, load_model  # here, not at the top: see the docstring
+
     examples = load_examples(args.split, args.data, args.cache_dir)[: args.limit]
     device = check_device(args.device)
     autocast_dtype = torch.bfloat16 if args.dtype == "bfloat16" else None
     model = load_model(args.model, device)
     print(f"{args.model}: {model.num_params() / 1e6:.1f}M params on {device} ({args.dtype}), {len(examples)} examples")
-    result = evaluate(model, examples, device, batch_size=args.batch_size, autocast_dtype=autocast_dtype, progress=True)
+    result = evaluate(model, examples, device, enc=get_tokenizer(), batch_size=args.batch_size,
+                      autocast_dtype=autocast_dtype, progress=True)
     print(f"{result['n']} acc: {result['acc']:.4f} acc_norm: {result['acc_norm']:.4f}")
     return result
 

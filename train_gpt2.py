@@ -1,16 +1,15 @@
 """
-GPT-2 pretraining in one file: model, data loader, schedule, DDP training loop, evaluation, checkpoints.
+GPT-2 pretraining in one file: config, model, data, learning-rate schedule, DDP, evaluation, training loop.
 
-Run it (see README.md for the full recipe):
-    python fineweb.py --local input.txt --out_dir data/shakespeare     # tokenise the built-in corpus
-    python train_gpt2.py --preset shakespeare                          # a small model, CPU-friendly
-    torchrun --standalone --nproc_per_node=8 train_gpt2.py --preset gpt2-124M   # the 10B-token recipe
-    python train_gpt2.py sample --init_from gpt2 --prompt "Hello, I'm a language model,"
-    python train_gpt2.py plot log/          # write log/curves.png
-    python train_gpt2.py export log/model_19073.pt out/gpt2-ours   # a Hugging Face directory
+    python fineweb.py --local input.txt --out_dir data/shakespeare             # tokenise the bundled corpus
+    python train_gpt2.py --preset shakespeare                                  # a small GPT on a CPU, minutes
+    torchrun --standalone --nproc_per_node=8 train_gpt2.py --preset gpt2-124M  # the 10B-token recipe
+    python train_gpt2.py -h                                                    # every flag
 
-Data comes from fineweb.py: uint16 `.npy` token shards named `{prefix}_{val|train}_{index:06d}.npy`.
-Importing this module does nothing but define things.
+Data: fineweb.py's uint16 .npy token shards, {prefix}_{val|train}_{index:06d}.npy. Beside this file:
+sample.py (text from a model), hellaswag.py (evaluation; the loop calls it), plot.py (log.txt -> curves.png),
+export_hf.py (a checkpoint as a Hugging Face directory), bench.py (speed). A run needs none of them but
+hellaswag.py, and that only to evaluate HellaSwag. Importing this module does nothing but define things.
 """
 
 from __future__ import annotations
@@ -45,7 +44,6 @@ HERE = Path(__file__).resolve().parent
 # ----------------------------------------------------------------------------------------------------------
 # Configuration
 
-
 @dataclass
 class GPTConfig:
     block_size: int = 1024  # maximum context length (rows of the position table)
@@ -62,11 +60,9 @@ class GPTConfig:
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
 
-
 def opt(default, help: str):
     """A TrainConfig field: its default and the --help text of its command-line flag."""
     return field(default=default, metadata={"help": help})
-
 
 @dataclass
 class TrainConfig:
@@ -115,16 +111,15 @@ class TrainConfig:
     wandb_project: str = opt("", "log to this Weights & Biases project (needs `pip install wandb`)")
 
     def __post_init__(self):
-        positive = ["n_layer", "n_head", "n_embd", "block_size", "vocab_size", "batch_size", "seq_len",
-                    "total_batch_size", "max_steps"]
-        for name in positive:
-            if getattr(self, name) <= 0:
-                raise ValueError(f"--{name} must be positive, got {getattr(self, name)}")
-        non_negative = ["warmup_steps", "eval_interval", "hellaswag_interval", "hellaswag_limit", "sample_interval",
-                        "ckpt_interval", "keep_last", "weight_decay", "grad_clip", "peak_flops", "val_tokens"]
-        for name in non_negative:
-            if getattr(self, name) < 0:
-                raise ValueError(f"--{name} must be >= 0, got {getattr(self, name)}")
+        positive = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "batch_size", "seq_len",
+                    "total_batch_size", "max_steps")
+        non_negative = ("warmup_steps", "eval_interval", "hellaswag_interval", "hellaswag_limit", "sample_interval",
+                        "ckpt_interval", "keep_last", "weight_decay", "grad_clip", "peak_flops", "val_tokens")
+        for name, value in dataclasses.asdict(self).items():
+            if isinstance(value, float) and not math.isfinite(value):  # NaN would pass every test below
+                raise ValueError(f"--{name} must be a finite number, got {value}")
+            if (name in positive and value <= 0) or (name in non_negative and value < 0):
+                raise ValueError(f"--{name} must be {'positive' if name in positive else '>= 0'}, got {value}")
         if self.n_embd % self.n_head:
             raise ValueError(f"--n_embd ({self.n_embd}) must be divisible by --n_head ({self.n_head})")
         if self.seq_len > self.block_size:
@@ -138,14 +133,34 @@ class TrainConfig:
             raise ValueError(f"need 0 < max_lr < 1 and 0 <= min_lr_ratio <= 1, got {self.max_lr}, {self.min_lr_ratio}")
         if self.eval_interval and self.val_tokens <= 0:
             raise ValueError("--val_tokens must be positive when --eval_interval is set")
-        if self.hellaswag_data and not Path(self.hellaswag_data).is_file():
-            raise ValueError(f"--hellaswag_data {self.hellaswag_data} does not exist")
         if self.val_tokens % self.seq_len:
             raise ValueError(f"--val_tokens ({self.val_tokens}) must be a multiple of --seq_len ({self.seq_len})")
+        if self.hellaswag_data and not Path(self.hellaswag_data).is_file():
+            raise ValueError(f"--hellaswag_data {self.hellaswag_data} does not exist")
         for name, allowed in (("dtype", ("auto", "bfloat16", "float32")), ("compile", ("auto", "true", "false"))):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"--{name} must be one of {'|'.join(allowed)}, got {getattr(self, name)!r}")
 
+def str2bool(text: str) -> bool:
+    if text.lower() not in ("true", "1", "yes", "false", "0", "no"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return text.lower() in ("true", "1", "yes")
+
+def finite_float(text: str) -> float:
+    if not math.isfinite(value := float(text)):  # "nan" and "inf" parse as floats; no setting here means them
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+def flag_type(name: str, annotation: str):
+    """The argparse type of a TrainConfig field from its annotation: X, Optional[X] or X | None, X a plain type."""
+    match = re.fullmatch(r"Optional\[(\w+)\]|(\w+) \| None|None \| (\w+)|(\w+)", annotation)
+    types = {"bool": str2bool, "int": int, "float": finite_float, "str": str}
+    kind = next((g for g in match.groups() if g), None) if match else None
+    if kind not in types:  # a silent string flag would accept anything and fail far from the command line
+        raise TypeError(f"TrainConfig.{name}: annotation {annotation!r} has no flag type; use bool, int, float or str")
+    return types[kind]
+
+FLAG_TYPES = {f.name: flag_type(f.name, f.type) for f in dataclasses.fields(TrainConfig)}  # checked as defined
 
 PRESETS = {
     # The reference recipe: GPT-2 124M on 10B FineWeb-Edu tokens (the TrainConfig defaults, spelled out).
@@ -162,38 +177,8 @@ PRESETS = {
                         hellaswag_interval=0, sample_interval=50, sample_prompt="KING.\n", ckpt_interval=100),
 }
 
-
-# ----------------------------------------------------------------------------------------------------------
-# Tokenizer: the GPT-2 BPE built from a vendored vocabulary file, so it never touches the network.
-
-GPT2_VOCAB_FILE = HERE / "assets" / "gpt2.tiktoken"  # == tiktoken's r50k_base ranks, from openai-whisper
-GPT2_VOCAB_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
-GPT2_SPLIT_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
-EOT_TOKEN = 50256  # <|endoftext|>: delimits documents
-GPT2_VOCAB_SIZE = 50257  # real token ids; a padded model (50304) never samples the ids above this
-
-
-@functools.lru_cache(maxsize=None)
-def get_tokenizer(vocab_file: str | os.PathLike = GPT2_VOCAB_FILE):
-    """The GPT-2 encoding (identical to tiktoken.get_encoding('gpt2')), built offline."""
-    import tiktoken
-
-    data = Path(vocab_file).read_bytes()
-    if hashlib.sha256(data).hexdigest() != GPT2_VOCAB_SHA256:
-        raise ValueError(f"{vocab_file} is not the GPT-2 vocabulary (sha256 mismatch); restore it from git")
-    ranks = {base64.b64decode(tok): int(rank) for tok, rank in (line.split() for line in data.splitlines() if line)}
-    return tiktoken.Encoding(
-        name="gpt2",
-        pat_str=GPT2_SPLIT_PATTERN,
-        mergeable_ranks=ranks,
-        special_tokens={"<|endoftext|>": EOT_TOKEN},
-        explicit_n_vocab=GPT2_VOCAB_SIZE,
-    )
-
-
 # ----------------------------------------------------------------------------------------------------------
 # Model
-
 
 class KVCache:
     """Keys and values of the positions seen so far, preallocated for `length` positions (default block_size)."""
@@ -208,40 +193,33 @@ class KVCache:
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         """Store k, v (B, nh, T, hs) after the cached positions; return all keys and values so far."""
         end = self.pos + k.size(2)
-        self.k[layer, :, :, self.pos : end] = k
-        self.v[layer, :, :, self.pos : end] = v
+        self.k[layer, :, :, self.pos : end], self.v[layer, :, :, self.pos : end] = k, v
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
 
+def attention_mask(T: int, past: int, device, packed: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """Which keys each of T queries sees (True: visible), in the one place where attention's uses differ:
+    training and val loss (None: plain causal, the fused kernels' fast path), decoding after `past` cached
+    positions, and packed rows (HellaSwag) that bring their own (B, 1, T, T) mask."""
+    if packed is not None or past == 0:
+        return packed
+    # Queries are positions past..past+T-1, keys 0..past+T-1: query i sees keys up to past + i, a causal mask
+    # shifted right by `past` (is_causal would align it top-left and hide the cache).
+    return torch.ones(T, past + T, dtype=torch.bool, device=device).tril(diagonal=past)  # (T, past+T)
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig, layer: int):
         super().__init__()
-        self.n_head = config.n_head
-        self.layer = layer  # index into a KVCache
+        self.n_head, self.layer = config.n_head, layer  # layer: the index into a KVCache
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)  # q, k, v for all heads in one matmul
         self.c_proj = nn.Linear(config.n_embd, config.n_embd)
 
-    def forward(self, x: torch.Tensor, kv_cache: Optional[KVCache] = None, attn_mask=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None, kv_cache: Optional[KVCache] = None):
         B, T, C = x.size()
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        pos = 0 if kv_cache is None else kv_cache.pos  # positions cached before these T
-        if kv_cache is not None:
-            k, v = kv_cache.update(self.layer, k, v)  # (B, nh, pos+T, hs)
-        if attn_mask is not None:  # packed sequences: the caller says which keys each query sees
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)  # (B, nh, T, hs)
-        elif pos == 0:  # nothing cached: ordinary causal attention
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
-        else:
-            # The queries are positions pos..pos+T-1, the keys 0..pos+T-1: query i sees keys up to pos + i, a
-            # causal mask shifted right by pos (is_causal=True would align it top-left and hide the cache).
-            mask = torch.ones(T, pos + T, dtype=torch.bool, device=x.device).tril(diagonal=pos)  # (T, pos+T)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, nh, T, hs)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # merge heads
-        return self.c_proj(y)
-
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in self.c_attn(x).split(C, dim=2))
+        if kv_cache is not None:  # q, k, v: (B, nh, T, hs)
+            k, v = kv_cache.update(self.layer, k, v)  # (B, nh, past+T, hs)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)  # (B, nh, T, hs)
+        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))  # heads merged back
 
 class MLP(nn.Module):
     def __init__(self, config: GPTConfig):
@@ -253,38 +231,27 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.c_proj(self.gelu(self.c_fc(x)))
 
-
 class Block(nn.Module):
     def __init__(self, config: GPTConfig, layer: int):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.n_embd)
-        self.attn = CausalSelfAttention(config, layer)
-        self.ln_2 = nn.LayerNorm(config.n_embd)
-        self.mlp = MLP(config)
+        self.ln_1, self.attn = nn.LayerNorm(config.n_embd), CausalSelfAttention(config, layer)
+        self.ln_2, self.mlp = nn.LayerNorm(config.n_embd), MLP(config)
 
-    def forward(self, x: torch.Tensor, kv_cache: Optional[KVCache] = None, attn_mask=None) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), kv_cache, attn_mask)  # pre-norm: the residual stream itself is never normalised
-        x = x + self.mlp(self.ln_2(x))
-        return x
-
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None, kv_cache: Optional[KVCache] = None):
+        x = x + self.attn(self.ln_1(x), mask, kv_cache)  # pre-norm: the residual stream itself is never normalised
+        return x + self.mlp(self.ln_2(x))
 
 # The four weights that Hugging Face stores as Conv1D, i.e. (in, out): transposed relative to nn.Linear.
 HF_TRANSPOSED = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 HF_HUB_MODELS = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # OpenAI's 124M, 350M, 774M, 1558M
 
-
 class GPT(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.config = config
-        self.transformer = nn.ModuleDict(
-            dict(
-                wte=nn.Embedding(config.vocab_size, config.n_embd),
-                wpe=nn.Embedding(config.block_size, config.n_embd),
-                h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
-                ln_f=nn.LayerNorm(config.n_embd),
-            )
-        )
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(config.vocab_size, config.n_embd), wpe=nn.Embedding(config.block_size, config.n_embd),
+            h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]), ln_f=nn.LayerNorm(config.n_embd)))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # weight tying: one Parameter, two uses
         self.apply(self._init_weights)
@@ -295,6 +262,7 @@ class GPT(nn.Module):
 
     @staticmethod
     def _init_weights(module: nn.Module):
+        """GPT-2's init: N(0, 0.02) for Linear and Embedding weights, zero biases (LayerNorm keeps 1 and 0)."""
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
         if isinstance(module, nn.Linear) and module.bias is not None:
@@ -302,47 +270,48 @@ class GPT(nn.Module):
 
     def features(self, idx: torch.Tensor, kv_cache: Optional[KVCache] = None, pos=None, attn_mask=None) -> torch.Tensor:
         """idx (B, T) token ids -> final hidden states (B, T, C) after ln_f, which lm_head turns into logits.
-        With a kv_cache, idx continues the cached positions: a prefill, a decode step or a chunk of T tokens.
-        Packed sequences (several in one row, e.g. continuations of one prefix) give their own position ids
-        pos (B, T) and attn_mask (B, 1, T, T), True where a query may see a key, in place of the causal mask."""
-        if idx.dim() != 2 or idx.size(1) == 0:
-            raise ValueError(f"idx must be a non-empty (B, T) tensor of token ids, got shape {tuple(idx.shape)}")
-        B, T = idx.size()
-        start = 0 if kv_cache is None else kv_cache.pos
-        if (pos is None) != (attn_mask is None) or (pos is not None and kv_cache is not None):
-            raise ValueError("packed sequences need both pos and attn_mask, and no kv_cache")
-        if pos is None:
-            pos = torch.arange(start, start + T, dtype=torch.long, device=idx.device)  # (T,)
-            if start + T > self.config.block_size:
-                raise ValueError(f"sequence length {start + T} exceeds block_size {self.config.block_size}")
-        elif int(pos.max()) >= self.config.block_size:
-            raise ValueError(f"position id {int(pos.max())} >= block_size {self.config.block_size}")
-        if kv_cache is not None and start + T > kv_cache.length:
-            raise ValueError(f"sequence length {start + T} exceeds the KV cache's length {kv_cache.length}")
+        With a kv_cache, idx continues the cached positions (a prefill, a decode step or a chunk). Packed rows
+        (several sequences in one, e.g. continuations of one prefix) give their own position ids pos (B, T)
+        and attn_mask (B, 1, T, T), True where a query may see a key, in place of the causal mask."""
+        past, T = self._check_inputs(idx, kv_cache, pos, attn_mask), idx.size(1)
+        pos = torch.arange(past, past + T, dtype=torch.long, device=idx.device) if pos is None else pos  # (T,)
+        mask = attention_mask(T, past, idx.device, attn_mask)  # one mask for every layer
         x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C)
         for block in self.transformer.h:
-            x = block(x, kv_cache, attn_mask)
+            x = block(x, mask, kv_cache)
         if kv_cache is not None:
             kv_cache.pos += T
         return self.transformer.ln_f(x)
 
+    def _check_inputs(self, idx, kv_cache, pos, attn_mask) -> int:
+        """features()' arguments, checked; returns the number of positions already in the cache."""
+        if idx.dim() != 2 or idx.size(1) == 0:
+            raise ValueError(f"idx must be a non-empty (B, T) tensor of token ids, got shape {tuple(idx.shape)}")
+        if (pos is None) != (attn_mask is None) or (pos is not None and kv_cache is not None):
+            raise ValueError("packed sequences need both pos and attn_mask, and no kv_cache")
+        past = 0 if kv_cache is None else kv_cache.pos
+        if pos is not None and int(pos.max()) >= self.config.block_size:
+            raise ValueError(f"position id {int(pos.max())} >= block_size {self.config.block_size}")
+        if pos is None and past + idx.size(1) > self.config.block_size:  # packed rows reuse positions instead
+            raise ValueError(f"sequence length {past + idx.size(1)} exceeds block_size {self.config.block_size}")
+        if kv_cache is not None and past + idx.size(1) > kv_cache.length:
+            raise ValueError(f"sequence length {past + idx.size(1)} exceeds the KV cache's length {kv_cache.length}")
+        return past
+
     def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None, kv_cache: Optional[KVCache] = None):
         """idx (B, T) token ids -> (logits (B, T, vocab), mean cross-entropy over targets != -100, or None)."""
         logits = self.lm_head(self.features(idx, kv_cache))  # (B, T, vocab)
-        loss = None
-        if targets is not None:
-            # fp32 softmax; positions whose target is -100 (padding) are left out of the mean
-            logits_hi = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 up, fp64 kept
-            loss = F.cross_entropy(logits_hi.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-100)
-        return logits, loss
+        if targets is None:
+            return logits, None
+        # fp32 softmax (bf16 logits go up, fp64 ones stay); targets of -100 (padding) are left out of the mean
+        logits_hi = logits.to(torch.promote_types(logits.dtype, torch.float32))
+        return logits, F.cross_entropy(logits_hi.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-100)
 
     def num_params(self, exclude_embeddings: bool = False) -> int:
-        """Unique parameters (the tied token table counted once). exclude_embeddings drops the position
-        table only: the token table is also the output projection, so it does real work per token."""
+        """Unique parameters (the tied token table counted once). exclude_embeddings drops the position table
+        only: the token table is also the output projection, so it does real work per token."""
         n = sum(p.numel() for p in self.parameters())
-        if exclude_embeddings:
-            n -= self.transformer.wpe.weight.numel()
-        return n
+        return n - self.transformer.wpe.weight.numel() if exclude_embeddings else n
 
     def crop_block_size(self, block_size: int):
         """Shorten the context of a (loaded) model: keep the first `block_size` rows of the position table."""
@@ -353,46 +322,30 @@ class GPT(nn.Module):
 
     def configure_optimizers(self, weight_decay: float, learning_rate: float, device_type: str):
         """AdamW with decay on matrices/embeddings (dim >= 2) only; biases and LayerNorm gains are not decayed."""
-        params = list(self.parameters())  # unique: the tied table appears once
-        decay = [p for p in params if p.requires_grad and p.dim() >= 2]
-        no_decay = [p for p in params if p.requires_grad and p.dim() < 2]
-        groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        params = [p for p in self.parameters() if p.requires_grad]  # unique: the tied table appears once
+        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
         return torch.optim.AdamW(groups, lr=learning_rate, betas=(0.9, 0.95), eps=1e-8, fused=device_type == "cuda")
 
-    def new_kv_cache(self, batch_size: int, length: int) -> KVCache:
-        """An empty cache on the model's device, in the dtype attention makes k, v in (autocast's, when on)."""
-        weight = self.transformer.wte.weight
-        on = torch.is_autocast_enabled(weight.device.type)
-        dtype = torch.get_autocast_dtype(weight.device.type) if on else weight.dtype
-        return KVCache(self.config, batch_size, weight.device, dtype, length)
-
     @torch.no_grad()
-    def generate(
-        self,
-        idx: torch.Tensor,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_k: Optional[int] = None,
-        generator: Optional[torch.Generator] = None,
-        use_cache: bool = True,
-        vocab_limit: Optional[int] = None,
-    ) -> torch.Tensor:
-        """Extend idx (B, T) by max_new_tokens sampled tokens (greedy when temperature == 0).
-
-        The context is cropped to the last block_size tokens. The KV cache is exact: while the sequence fits,
-        each step feeds one token; past block_size every position shifts, so the window is re-run from scratch
-        (what the no-cache path does every step). vocab_limit masks padded ids (e.g. >= 50257) out."""
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
-        if top_k is not None and top_k <= 0:
-            raise ValueError(f"top_k must be positive, got {top_k}")
-        block_size = self.config.block_size
-        cache = None
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: Optional[int] = None,
+                 generator: Optional[torch.Generator] = None, use_cache: bool = True,
+                 vocab_limit: Optional[int] = None) -> torch.Tensor:
+        """Extend idx (B, T) by max_new_tokens sampled tokens (greedy when temperature == 0), from the last
+        block_size tokens. The KV cache is exact: while the sequence fits, each step feeds one token; past
+        block_size every position shifts, so the window is re-run whole (as without a cache, every step).
+        vocab_limit masks padded ids (e.g. >= 50257) out."""
+        if not temperature >= 0 or (top_k is not None and top_k <= 0):
+            raise ValueError(f"need temperature >= 0 and top_k positive, got {temperature} and {top_k}")
+        weight, block_size, cache = self.lm_head.weight, self.config.block_size, None
         for _ in range(max_new_tokens):
             if use_cache and cache is not None and idx.size(1) <= block_size:
                 h = self.features(idx[:, -1:], cache)  # decode: only the newest token is new
             elif use_cache and idx.size(1) < block_size:
-                cache = self.new_kv_cache(idx.size(0), min(block_size, idx.size(1) + max_new_tokens))  # what we fill
+                # k and v are made in autocast's dtype when it is on; the cache is sized to what the call fills
+                on = torch.is_autocast_enabled(weight.device.type)
+                dtype = torch.get_autocast_dtype(weight.device.type) if on else weight.dtype
+                cache = KVCache(self.config, idx.size(0), weight.device, dtype, min(block_size, idx.size(1) + max_new_tokens))
                 h = self.features(idx, cache)  # prefill the prompt once
             else:
                 h = self.features(idx[:, -block_size:])  # no cache, or a sliding window whose positions all move
@@ -406,8 +359,7 @@ class GPT(nn.Module):
                 if top_k is not None:
                     kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
                     logits = logits.masked_fill(logits < kth, float("-inf"))
-                probs = F.softmax(logits, dim=-1)
-                next_id = torch.multinomial(probs, num_samples=1, generator=generator)  # (B, 1)
+                next_id = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1, generator=generator)  # (B, 1)
             idx = torch.cat((idx, next_id), dim=1)
         return idx
 
@@ -432,19 +384,13 @@ class GPT(nn.Module):
         differ = {k: getattr(c, k, v) for k, v in fixed.items() if getattr(c, k, v) != v}
         if differ:
             raise ValueError(f"{name_or_path}: config {differ} is not supported; GPT-2 has {fixed}")
-        config = GPTConfig(
-            block_size=c.n_positions, vocab_size=c.vocab_size, n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd
-        )
-        model = cls(config)
+        model = cls(GPTConfig(c.n_positions, c.vocab_size, c.n_layer, c.n_head, c.n_embd))
         model.load_state_dict(convert_hf_state_dict(hf.state_dict(), model.state_dict()))
         return model
 
-
 def convert_hf_state_dict(hf_sd: dict, our_sd: dict) -> dict:
-    """Map a Hugging Face GPT2LMHeadModel state dict onto ours: same keys, Conv1D weights transposed.
-
-    Key sets are compared by name (mask buffers ignored) and every shape is checked, so a model of another
-    size or layout fails loudly instead of loading half-way."""
+    """Map a Hugging Face GPT2LMHeadModel state dict onto ours: same keys, Conv1D weights transposed. Key sets
+    are compared (mask buffers ignored) and every shape checked: another layout fails instead of half-loading."""
     hf_sd = {k: v for k, v in hf_sd.items() if not k.endswith((".attn.bias", ".attn.masked_bias"))}
     missing, unexpected = sorted(set(our_sd) - set(hf_sd)), sorted(set(hf_sd) - set(our_sd))
     if missing or unexpected:
@@ -457,34 +403,43 @@ def convert_hf_state_dict(hf_sd: dict, our_sd: dict) -> dict:
         out[key] = theirs.detach().to(dtype=ours.dtype).contiguous()
     return out
 
-
 # ----------------------------------------------------------------------------------------------------------
-# Data: fineweb.py's uint16 shards, memory-mapped and read as one continuous token stream per split
+# Tokenizer and data: the GPT-2 BPE from a vendored vocabulary file, and fineweb.py's uint16 token shards
 
+GPT2_VOCAB_FILE = HERE / "assets" / "gpt2.tiktoken"  # == tiktoken's r50k_base ranks, from openai-whisper
+GPT2_VOCAB_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
+GPT2_SPLIT_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
+EOT_TOKEN = 50256  # <|endoftext|>: delimits documents
+GPT2_VOCAB_SIZE = 50257  # real token ids; a padded model (50304) never samples the ids above this
+
+@functools.lru_cache(maxsize=None)
+def get_tokenizer(vocab_file: str | os.PathLike = GPT2_VOCAB_FILE):
+    """The GPT-2 encoding (identical to tiktoken.get_encoding('gpt2')), built offline: no download."""
+    import tiktoken
+
+    data = Path(vocab_file).read_bytes()
+    if hashlib.sha256(data).hexdigest() != GPT2_VOCAB_SHA256:
+        raise ValueError(f"{vocab_file} is not the GPT-2 vocabulary (sha256 mismatch); restore it from git")
+    ranks = {base64.b64decode(tok): int(rank) for tok, rank in (line.split() for line in data.splitlines() if line)}
+    return tiktoken.Encoding(name="gpt2", pat_str=GPT2_SPLIT_PATTERN, mergeable_ranks=ranks,
+                             special_tokens={"<|endoftext|>": EOT_TOKEN}, explicit_n_vocab=GPT2_VOCAB_SIZE)
 
 # The shard names fineweb.py writes and this file reads; one definition for both. Shard 000000 is val.
 SHARD_NAME = re.compile(r"(?P<prefix>[^.].*)_(?P<split>val|train)_(?P<index>\d{6})\.npy")  # [^.]: not a temp file
 
-
 def shard_name(prefix: str, index: int) -> str:
-    """{prefix}_{val|train}_{index:06d}.npy: shard 0 is the validation split, the rest are train."""
     return f"{prefix}_{'val' if index == 0 else 'train'}_{index:06d}.npy"
-
 
 def list_shards(data_root: str | os.PathLike, split: str) -> list[Path]:
     """The `split` shards of data_root ({prefix}_{split}_{index:06d}.npy), in index order."""
     root = Path(data_root)
     if not root.is_dir():
-        raise FileNotFoundError(
-            f"data directory {root} does not exist; create it with `python fineweb.py` "
-            f"(or `python fineweb.py --local input.txt --out_dir {root}` for the built-in corpus)"
-        )
+        raise FileNotFoundError(f"data directory {root} does not exist; create it with `python fineweb.py` "
+                                f"(or `python fineweb.py --local input.txt --out_dir {root}` for the built-in corpus)")
     found = [(int(m["index"]), p) for p in root.iterdir() if (m := SHARD_NAME.fullmatch(p.name)) and m["split"] == split]
-    shards = [p for _, p in sorted(found)]
-    if not shards:
+    if not found:
         raise FileNotFoundError(f"no '{split}' shards (*_{split}_*.npy) in {root}; run fineweb.py to make them")
-    return shards
-
+    return [p for _, p in sorted(found)]
 
 def open_shard(path: Path) -> np.ndarray:
     """Memory-map one shard: pages are read on demand, the shard is never copied into memory whole."""
@@ -495,7 +450,6 @@ def open_shard(path: Path) -> np.ndarray:
     if tokens.dtype != np.uint16 or tokens.ndim != 1:
         raise ValueError(f"{path}: expected a 1-D uint16 token array as fineweb.py writes, got {tokens.dtype} {tokens.shape}")
     return tokens
-
 
 class TokenStream:
     """A list of shards read as one sequence of tokens; `read` copies only the tokens asked for."""
@@ -516,8 +470,7 @@ class TokenStream:
         """Tokens [start, start+n) of the stream, across shard boundaries when needed."""
         if start < 0 or start + n > len(self):
             raise IndexError(f"read [{start}, {start + n}) outside a stream of {len(self)} tokens")
-        out = np.empty(n, dtype=np.uint16)
-        i, filled = bisect.bisect_right(self.offsets, start) - 1, 0
+        out, i, filled = np.empty(n, dtype=np.uint16), bisect.bisect_right(self.offsets, start) - 1, 0
         while filled < n:
             lo = start + filled - self.offsets[i]
             take = min(n - filled, len(self.shards[i]) - lo)
@@ -527,17 +480,13 @@ class TokenStream:
 
     def shards_at(self, start: int, n: int) -> list[str]:
         """Names of the shards that tokens [start, start+n) come from (for error messages)."""
-        first = bisect.bisect_right(self.offsets, start) - 1
-        last = bisect.bisect_right(self.offsets, start + n - 1) - 1
-        return self.names[first : last + 1]
-
+        return self.names[bisect.bisect_right(self.offsets, start) - 1 : bisect.bisect_right(self.offsets, start + n - 1)]
 
 def check_token_ids(tokens: np.ndarray, vocab_size: Optional[int], where: str):
     """Ids >= vocab_size would index past the embedding table (a device-side assert on CUDA)."""
     if vocab_size is not None and len(tokens) and int(tokens.max()) >= vocab_size:
         raise ValueError(f"token id {int(tokens.max())} >= vocab_size {vocab_size} in {where}; "
                          "the shards were made with another tokenizer, or vocab_size is too small")
-
 
 class DataLoaderLite:
     """(B, T) training batches from the `split` shards of data_root, read as one continuous stream.
@@ -557,12 +506,9 @@ class DataLoaderLite:
         self.B, self.T, self.rank, self.world = B, T, process_rank, num_processes
         self.split, self.vocab_size, self.shuffle, self.seed = split, vocab_size, shuffle, seed
         self.base = TokenStream.from_split(data_root, split)
-        need = B * T * num_processes + 1
-        if len(self.base) < need:
-            raise ValueError(
-                f"the '{split}' split in {data_root} holds {len(self.base)} tokens, fewer than one step of "
-                f"{num_processes} rank(s) x B={B} x T={T} (+1) = {need}; lower batch_size/seq_len or add data"
-            )
+        if len(self.base) < (need := B * T * num_processes + 1):
+            raise ValueError(f"the '{split}' split in {data_root} holds {len(self.base)} tokens, fewer than one step of "
+                             f"{num_processes} rank(s) x B={B} x T={T} (+1) = {need}; lower batch_size/seq_len or add data")
         self.reset()
 
     def _stream_for(self, epoch: int) -> TokenStream:
@@ -593,17 +539,14 @@ class DataLoaderLite:
 
     def load_state_dict(self, state: dict):
         if state["num_tokens"] != len(self.base) or state["shuffle"] != self.shuffle or state["seed"] != self.seed:
-            raise ValueError(
-                f"the '{self.split}' data changed since the checkpoint (tokens {state['num_tokens']} -> "
-                f"{len(self.base)}, shuffle {state['shuffle']} -> {self.shuffle}, seed {state['seed']} -> {self.seed})"
-            )
+            raise ValueError(f"the '{self.split}' data changed since the checkpoint (tokens {state['num_tokens']} -> "
+                             f"{len(self.base)}, shuffle {state['shuffle']} -> {self.shuffle}, seed {state['seed']} -> "
+                             f"{self.seed})")
         self.epoch, self.position = state["epoch"], state["position"]
         self.stream = self._stream_for(self.epoch)
 
-
 # ----------------------------------------------------------------------------------------------------------
 # Learning-rate schedule
-
 
 def get_lr(step: int, max_lr: float, min_lr: float, warmup_steps: int, decay_steps: int) -> float:
     """Linear warmup to max_lr over warmup_steps, cosine decay to min_lr at decay_steps, then constant."""
@@ -614,10 +557,8 @@ def get_lr(step: int, max_lr: float, min_lr: float, warmup_steps: int, decay_ste
     progress = (step - warmup_steps) / (decay_steps - warmup_steps)  # 0 -> 1
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (max_lr - min_lr)
 
-
 # ----------------------------------------------------------------------------------------------------------
-# Distributed / runtime set-up
-
+# Distributed set-up
 
 @dataclass
 class Runtime:
@@ -632,27 +573,17 @@ class Runtime:
     def master(self) -> bool:
         return self.rank == 0
 
-
-def detect_device() -> str:
-    if torch.cuda.is_available():
-        return "cuda"
-    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-        return "mps"
-    return "cpu"
-
-
 def check_device(device: str) -> str:
-    """--device as torch wants it: auto resolved, and a clear error for a device this machine lacks."""
+    """--device as torch wants it: auto resolved (cuda > mps > cpu), a clear error for a device this machine lacks."""
+    mps = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
     if device == "auto":
-        return detect_device()
+        return "cuda" if torch.cuda.is_available() else "mps" if mps else "cpu"
     if not re.fullmatch(r"cpu|mps|cuda(:\d+)?", device):
         raise ValueError(f"--device {device!r}: use auto, cpu, cuda, cuda:N or mps")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"--device {device}: CUDA is not available on this machine (use --device cpu)")
-    if device == "mps" and detect_device() != "mps":
-        raise ValueError("--device mps: MPS is not available on this machine (use --device cpu)")
+    if (device.startswith("cuda") and not torch.cuda.is_available()) or (device == "mps" and not mps):
+        raise ValueError(f"--device {device}: {'CUDA' if device != 'mps' else 'MPS'} is not available on this machine "
+                         "(use --device cpu)")
     return device
-
 
 def setup_runtime(device: str = "auto") -> Runtime:
     """Single process, or DDP when torchrun set RANK/LOCAL_RANK/WORLD_SIZE (NCCL on CUDA, gloo on CPU)."""
@@ -663,250 +594,19 @@ def setup_runtime(device: str = "auto") -> Runtime:
     device_type = device.split(":")[0]
     if device_type == "mps":
         raise ValueError("DDP on mps is not supported; use a single process or --device cpu")
+    device = f"cuda:{local_rank}" if device_type == "cuda" else "cpu"
     if device_type == "cuda":
-        device = f"cuda:{local_rank}"
         torch.cuda.set_device(device)
-    else:
-        device = "cpu"
-    backend = "nccl" if device_type == "cuda" else "gloo"
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
-    if attempt not in (None, "0") and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-        # After a torchrun restart the agent's shared store still holds the dead attempt's addresses (gloo then
-        # connects to them, pytorch/pytorch#135712): rendezvous under a key prefix of this attempt instead.
-        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False)
-        dist.init_process_group(backend, store=dist.PrefixStore(f"attempt_{attempt}/", store), rank=rank, world_size=world)
-    else:
-        dist.init_process_group(backend)
+    init_process_group("nccl" if device_type == "cuda" else "gloo", rank, world)
     return Runtime(True, rank, local_rank, world, device, device_type)
-
 
 def teardown_runtime(rt: Runtime):
     if rt.ddp and dist.is_initialized():
         dist.destroy_process_group()
 
-
 def autocast_context(device_type: str, dtype: str):
     """bf16 autocast for matmuls (weights and optimizer state stay fp32); a no-op for float32."""
     return torch.autocast(device_type=device_type, dtype=torch.bfloat16, enabled=dtype == "bfloat16")
-
-
-# Dense bf16 tensor-core peak per GPU, from the vendors' datasheets (SXM parts).
-PEAK_BF16_FLOPS = {"A100": 312e12, "H100": 989e12, "H200": 989e12, "H800": 989e12, "A10G": 125e12,
-                   "L4": 121e12, "L40S": 362e12, "RTX 4090": 165e12, "RTX 3090": 71e12, "B200": 2250e12}
-
-
-def peak_flops(device_type: str, override: float = 0.0) -> Optional[float]:
-    """Peak bf16 FLOP/s of this device: the override, else a lookup by GPU name, else None (MFU not shown)."""
-    if override > 0:
-        return override
-    if device_type != "cuda":
-        return None
-    name = torch.cuda.get_device_name()
-    matches = [key for key in PEAK_BF16_FLOPS if key in name]
-    return PEAK_BF16_FLOPS[max(matches, key=len)] if matches else None  # longest: "L40S" before "L4"
-
-
-def flops_per_token(num_params: int, n_layer: int, n_head: int, head_dim: int, seq_len: int) -> int:
-    """Training FLOPs per token: 6N for the weight matmuls (forward + backward) plus 12·L·H·Q·T for attention
-    scores and values. N excludes the position table (a lookup) and includes the tied token table."""
-    return 6 * num_params + 12 * n_layer * n_head * head_dim * seq_len
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Evaluation: validation loss, HellaSwag, samples
-
-
-@torch.no_grad()
-def evaluate_val_loss(model: nn.Module, stream: TokenStream, val_tokens: int, B: int, T: int, rt: Runtime,
-                      dtype: str, vocab_size: Optional[int] = None) -> float:
-    """Mean loss over the first val_tokens targets of the val stream: val_tokens/T sequences of T, sequence i
-    scored by rank i % world, so the tokens are the same for any world size or batch size."""
-    if val_tokens <= 0 or val_tokens % T or val_tokens + 1 > len(stream):
-        raise ValueError(f"val_tokens ({val_tokens}) must be a positive multiple of seq_len ({T}) and fit the val split "
-                         f"({len(stream)} tokens)")
-    model.eval()
-    loss_sum = torch.zeros((), dtype=torch.float64, device=rt.device)
-    count = torch.zeros((), dtype=torch.float64, device=rt.device)
-    mine = list(range(rt.rank, val_tokens // T, rt.world_size))
-    for i in range(0, len(mine), B):
-        rows = np.stack([stream.read(j * T, T + 1) for j in mine[i : i + B]])
-        check_token_ids(rows, vocab_size, "the val split " + ", ".join(stream.names))
-        rows = torch.from_numpy(rows.astype(np.int64)).to(rt.device)
-        x, y = rows[:, :-1], rows[:, 1:]
-        with autocast_context(rt.device_type, dtype):
-            logits, _ = model(x)
-        loss_sum += F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1), reduction="sum")
-        count += y.numel()
-    if rt.ddp:
-        dist.all_reduce(loss_sum)
-        dist.all_reduce(count)
-    model.train()
-    return (loss_sum / count).item()
-
-
-def sample_texts(model: GPT, prompt: str, num_samples: int, max_new_tokens: int, top_k: Optional[int],
-                 temperature: float, seed: int, device: str) -> list[str]:
-    """Seeded top-k samples continuing `prompt`, decoded; padded vocabulary ids are never drawn."""
-    enc = get_tokenizer()
-    prompt_ids = enc.encode(prompt) or [EOT_TOKEN]
-    if len(prompt_ids) >= model.config.block_size:
-        raise ValueError(f"prompt is {len(prompt_ids)} tokens, the model's context is {model.config.block_size}")
-    idx = torch.tensor(prompt_ids, dtype=torch.long, device=device).repeat(num_samples, 1)
-    generator = torch.Generator(device=device).manual_seed(seed)
-    was_training = model.training
-    model.eval()
-    out = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=generator,
-                         vocab_limit=min(enc.n_vocab, model.config.vocab_size))
-    model.train(was_training)
-    return [enc.decode(row.tolist()) for row in out]
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Checkpoints
-
-
-def load_checkpoint(path: str | os.PathLike) -> dict:
-    """A checkpoint written by this script: plain tensors and dicts, loaded without running any code."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {path} does not exist")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # truncated file, not a torch file, or pickled objects weights_only refuses
-        raise ValueError(f"{path} is not a readable checkpoint of this script ({type(e).__name__}: {e})") from None
-    if not isinstance(ckpt, dict) or "model" not in ckpt or "model_config" not in ckpt:
-        raise ValueError(f"{path} is not a checkpoint of this script (no 'model' / 'model_config' entries)")
-    return ckpt
-
-
-def load_model(source: str, device: str = "cpu") -> GPT:
-    """A model from one of our checkpoints (a file), a local Hugging Face directory, or a GPT-2 hub name."""
-    if Path(source).is_file() or str(source).endswith(".pt"):
-        ckpt = load_checkpoint(source)
-        model = GPT(GPTConfig(**ckpt["model_config"]))
-        model.load_state_dict(ckpt["model"])
-    else:
-        model = GPT.from_pretrained(str(source))
-    return model.to(device)
-
-
-def atomic_write(path: Path, write):
-    """write(f) into a temp file beside `path`, fsync, then rename: a crash never leaves a truncated file."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def capture_rng_state() -> dict:
-    """Every RNG a run touches, as tensors and plain lists (weights_only-loadable)."""
-    np_state = np.random.get_state()
-    return {
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]],
-        "python": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
-    }
-
-
-def restore_rng_state(state: dict):
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-    name, keys, *rest = state["numpy"]
-    np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-
-
-def checkpoint_paths(log_dir: str | os.PathLike) -> list[Path]:
-    """model_{step:05d}.pt files of log_dir, oldest first."""
-    return sorted(Path(log_dir).glob("model_*.pt"), key=lambda p: int(p.stem.split("_")[1]) if p.stem.split("_")[1].isdigit() else -1)
-
-
-def newest_valid_checkpoint(log_dir: str | os.PathLike) -> tuple[Optional[Path], Optional[dict], list[str]]:
-    """The newest checkpoint that loads, skipping unreadable ones (returned as warnings)."""
-    warnings = []
-    for path in reversed(checkpoint_paths(log_dir)):
-        try:
-            return path, load_checkpoint(path), warnings
-        except ValueError as e:
-            warnings.append(f"skipping unreadable checkpoint: {e}")
-    return None, None, warnings
-
-
-def prune_checkpoints(log_dir: str | os.PathLike, keep_last: int):
-    if keep_last > 0:
-        for path in checkpoint_paths(log_dir)[:-keep_last]:
-            path.unlink(missing_ok=True)
-
-
-class RunLog:
-    """log_dir/log.txt, appended (a resumed run continues it), one `{step} {kind} {value}` line per metric."""
-
-    def __init__(self, log_dir: str | os.PathLike, enabled: bool):
-        self.path, self.enabled = Path(log_dir) / "log.txt", enabled
-
-    def write(self, step: int, kind: str, value: float):
-        if self.enabled:
-            with open(self.path, "a") as f:
-                f.write(f"{step} {kind} {value:.6f}\n")
-
-
-def read_log(path: str | os.PathLike) -> dict[str, list[tuple[int, float]]]:
-    """Parse log.txt into {kind: [(step, value), ...]}; the last value logged for a step wins."""
-    series: dict[str, dict[int, float]] = {}
-    for lineno, line in enumerate(Path(path).read_text().splitlines(), start=1):
-        try:
-            step, kind, value = line.split()
-            series.setdefault(kind, {})[int(step)] = float(value)
-        except ValueError:
-            raise ValueError(f"{path}:{lineno}: expected '<step> <kind> <value>', got {line!r}") from None
-    return {kind: sorted(values.items()) for kind, values in series.items()}
-
-
-def write_header(log_dir: Path, cfg: TrainConfig, rt: Runtime, extra: dict):
-    """Append this run's config and versions to log_dir/header.txt (one JSON block per start or resume)."""
-    info = {"time": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv, "config": dataclasses.asdict(cfg),
-            "world_size": rt.world_size, "device": rt.device, "python": platform.python_version(),
-            "torch": torch.__version__, "numpy": np.__version__,
-            "gpu": torch.cuda.get_device_name() if rt.device_type == "cuda" else None, **extra}
-    with open(log_dir / "header.txt", "a") as f:
-        f.write(json.dumps(info, indent=1) + "\n")
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Training
-
-
-class NonFiniteError(RuntimeError):
-    """The loss or gradient norm became inf/NaN."""
-
-
-class StopFlag:
-    """Set by SIGTERM/SIGINT; the loop checks it after each step, saves a checkpoint and exits cleanly."""
-
-    def __init__(self):
-        self.requested = False
-        self.previous = {}
-
-    def __enter__(self):
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            self.previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum, frame):
-        self.requested = True
-
-    def __exit__(self, *exc):
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
-
 
 def all_ranks_agree(flag: bool, rt: Runtime) -> bool:
     """True on every rank if any rank says True (so all ranks stop at the same step)."""
@@ -916,224 +616,53 @@ def all_ranks_agree(flag: bool, rt: Runtime) -> bool:
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return bool(t.item())
 
+# ----------------------------------------------------------------------------------------------------------
+# Evaluation and metrics
 
-def build_model(cfg: TrainConfig) -> GPT:
-    """From scratch with cfg's shape, or the weights named by --init_from (cropped to block_size if shorter)."""
-    if cfg.init_from == "scratch":
-        return GPT(GPTConfig(block_size=cfg.block_size, vocab_size=cfg.vocab_size, n_layer=cfg.n_layer,
-                             n_head=cfg.n_head, n_embd=cfg.n_embd))
-    model = load_model(cfg.init_from)
-    if cfg.block_size < model.config.block_size:
-        model.crop_block_size(cfg.block_size)
-    if cfg.seq_len > model.config.block_size:
-        raise ValueError(f"--seq_len ({cfg.seq_len}) exceeds the context of {cfg.init_from} ({model.config.block_size})")
-    return model
-
-
-def find_resume_checkpoint(resume: str, log_dir: Path, log) -> tuple[Optional[dict], Optional[str]]:
-    """--resume auto: the newest readable checkpoint in log_dir (None: start fresh); else the named file."""
-    if resume != "auto":
-        return load_checkpoint(resume), resume
-    path, ckpt, warnings = newest_valid_checkpoint(log_dir)
-    for w in warnings:
-        log(f"warning: {w}")
-    if ckpt is None:
-        log(f"no checkpoint in {log_dir}: starting fresh")
-    return ckpt, str(path) if path else None
-
-
-def accumulate_gradients(model: nn.Module, next_batch, grad_accum: int, rt: Runtime, dtype: str) -> torch.Tensor:
-    """Forward/backward over grad_accum micro-batches; returns the mean loss (averaged over ranks under DDP)."""
-    loss_accum = torch.zeros((), device=rt.device)
-    for micro in range(grad_accum):
-        x, y = next_batch()
-        if rt.device_type == "cuda":  # pinned memory lets the copy overlap with compute
-            x, y = x.pin_memory().to(rt.device, non_blocking=True), y.pin_memory().to(rt.device, non_blocking=True)
-        else:
-            x, y = x.to(rt.device), y.to(rt.device)
-        if rt.ddp:  # all-reduce gradients only on the last micro-step (must be set before the forward)
-            model.require_backward_grad_sync = micro == grad_accum - 1
+@torch.no_grad()
+def evaluate_val_loss(model: GPT, stream: TokenStream, val_tokens: int, B: int, T: int, rt: Runtime, dtype: str,
+                      vocab_size: Optional[int] = None) -> float:
+    """Mean loss over the first val_tokens targets of the val stream: val_tokens/T sequences of T, sequence i
+    scored by rank i % world, so the tokens are the same for any world size or batch size."""
+    if val_tokens <= 0 or val_tokens % T or val_tokens + 1 > len(stream):
+        raise ValueError(f"val_tokens ({val_tokens}) must be a positive multiple of seq_len ({T}) and fit the val split "
+                         f"({len(stream)} tokens)")
+    model.eval()
+    loss_sum, count = torch.zeros((), dtype=torch.float64, device=rt.device), 0
+    mine = list(range(rt.rank, val_tokens // T, rt.world_size))
+    for i in range(0, len(mine), B):
+        rows = np.stack([stream.read(j * T, T + 1) for j in mine[i : i + B]])
+        check_token_ids(rows, vocab_size, "the val split " + ", ".join(stream.names))
+        rows = torch.from_numpy(rows.astype(np.int64)).to(rt.device)
         with autocast_context(rt.device_type, dtype):
-            _, loss = model(x, y)
-        # The loss is a mean over B*T tokens; dividing by grad_accum makes the summed gradients those of the
-        # mean over the whole total batch.
-        loss = loss / grad_accum
-        loss_accum += loss.detach()
-        loss.backward()
+            _, loss = model(rows[:, :-1], rows[:, 1:])  # the training loss itself: one definition of it
+        loss_sum, count = loss_sum + loss.double() * rows[:, 1:].numel(), count + rows[:, 1:].numel()
+    sums = torch.stack([loss_sum, torch.tensor(float(count), dtype=torch.float64, device=rt.device)])
     if rt.ddp:
-        dist.all_reduce(loss_accum, op=dist.ReduceOp.AVG)
-    return loss_accum
+        dist.all_reduce(sums)
+    model.train()
+    return (sums[0] / sums[1]).item()
 
-
-def train(cfg: TrainConfig, log=print) -> dict:
-    """Run training as configured (one process, or one rank under torchrun); return the final metrics."""
-    rt = setup_runtime(cfg.device)
-    try:
-        return _train(cfg, rt, log if rt.master else (lambda *a, **k: None))
-    finally:
-        teardown_runtime(rt)
-
-
-def _train(cfg: TrainConfig, rt: Runtime, log) -> dict:
-    dtype = cfg.dtype if cfg.dtype != "auto" else ("bfloat16" if rt.device_type == "cuda" else "float32")
-    use_compile = cfg.compile == "true" or (cfg.compile == "auto" and rt.device_type == "cuda")
-    B, T = cfg.batch_size, cfg.seq_len
-    if cfg.total_batch_size % (B * T * rt.world_size):
-        raise ValueError(f"--total_batch_size {cfg.total_batch_size} is not divisible by batch_size x seq_len x "
-                         f"world_size = {B} x {T} x {rt.world_size} = {B * T * rt.world_size}")
-    grad_accum = cfg.total_batch_size // (B * T * rt.world_size)
-    decay_steps = cfg.lr_decay_steps or cfg.max_steps
-    min_lr = cfg.max_lr * cfg.min_lr_ratio
-    log_dir = Path(cfg.log_dir)
-    if log_dir.exists() and not log_dir.is_dir():
-        raise ValueError(f"--log_dir {log_dir} exists and is not a directory")
-    if rt.master:
-        log_dir.mkdir(parents=True, exist_ok=True)
-        for stale in log_dir.glob(".model_*.pt.tmp*"):  # left by a kill during a checkpoint write
-            stale.unlink(missing_ok=True)
-    if rt.device_type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True  # TF32 for any fp32 matmul left outside autocast
-        torch.backends.cudnn.allow_tf32 = True
-
-    torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-    model = build_model(cfg).to(rt.device)
-    vocab = model.config.vocab_size
-    train_loader = DataLoaderLite(cfg.data_root, "train", B, T, rt.rank, rt.world_size, vocab_size=vocab,
-                                  shuffle=cfg.shuffle_shards, seed=cfg.seed)
-    val_stream = TokenStream.from_split(cfg.data_root, "val") if cfg.eval_interval else None
-    optimizer = model.configure_optimizers(cfg.weight_decay, cfg.max_lr, rt.device_type)
-
-    start_step, evals_done, resumed_from, val_loss = 0, False, None, None
-    if cfg.resume:
-        ckpt, resumed_from = find_resume_checkpoint(cfg.resume, log_dir, log)
-        if ckpt is not None:
-            if GPTConfig(**ckpt["model_config"]) != model.config:
-                raise ValueError(f"{resumed_from} holds a model of shape {ckpt['model_config']}, this run builds {model.config}")
-            model.load_state_dict(ckpt["model"])
-            optimizer.load_state_dict(ckpt["optimizer"])
-            train_loader.load_state_dict(ckpt["train_loader"])
-            restore_rng_state(ckpt["rng"])
-            start_step, evals_done, val_loss = ckpt["step"], ckpt["evals_done"], ckpt["val_loss"]
-            log(f"resumed from {resumed_from} at step {start_step}")
-
-    raw_model = model  # uncompiled, unwrapped: evaluation, sampling and checkpoints use it
-    train_model = torch.compile(model) if use_compile else model
-    if rt.ddp:
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        train_model = DDP(train_model, device_ids=[rt.local_rank] if rt.device_type == "cuda" else None)
-
-    n_params = raw_model.num_params()
-    flops_tok = flops_per_token(raw_model.num_params(exclude_embeddings=True), model.config.n_layer,
-                                model.config.n_head, model.config.n_embd // model.config.n_head, T)
-    peak = peak_flops(rt.device_type, cfg.peak_flops)
-    run_log = RunLog(log_dir, rt.master)
-    if rt.master:
-        write_header(log_dir, cfg, rt, {"num_params": n_params, "grad_accum_steps": grad_accum, "dtype": dtype,
-                                        "compile": use_compile, "resumed_from": resumed_from})
-    log(f"{n_params:,} parameters | {rt.world_size} process(es) on {rt.device} | {dtype} | compile {use_compile}")
-    log(f"total batch {cfg.total_batch_size:,} tokens = {B} x {T} x {rt.world_size} ranks x {grad_accum} micro-steps")
-    wandb_run = None
-    if cfg.wandb_project and rt.master:
-        import wandb  # optional dependency, imported only when asked for
-
-        wandb_run = wandb.init(project=cfg.wandb_project, config=dataclasses.asdict(cfg), resume="allow")
-
-    hella_examples = None
-    fixed_batch = train_loader.next_batch() if cfg.overfit_batch else None
-    next_batch = (lambda: fixed_batch) if cfg.overfit_batch else train_loader.next_batch
-    metrics = {"step": start_step, "val_loss": val_loss, "hellaswag": None, "train_loss": None}
-
-    def save(step: int, done: bool) -> Path:
-        """Checkpoint after `step` updates (rank 0); `done`: this step's evaluations are already logged."""
-        path = log_dir / f"model_{step:05d}.pt"
-        if rt.master:
-            if not all(torch.isfinite(p).all() for p in raw_model.parameters()):
-                raise NonFiniteError(f"refusing to checkpoint non-finite weights at step {step}")
-            ckpt = {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
-                    "model_config": dataclasses.asdict(raw_model.config), "train_config": dataclasses.asdict(cfg),
-                    "step": step, "evals_done": done, "val_loss": metrics["val_loss"],
-                    "train_loader": train_loader.state_dict(), "rng": capture_rng_state()}
-            atomic_write(path, lambda f: torch.save(ckpt, f))
-            prune_checkpoints(log_dir, cfg.keep_last)
-            refresh_plot(log_dir)
-        if rt.ddp:
-            dist.barrier()  # nobody races ahead (or exits) before the file exists
-        return path
-
-    with StopFlag() as stop:
-        for step in range(start_step, cfg.max_steps + 1):
-            last = step == cfg.max_steps
-            due = lambda interval: interval > 0 and (step % interval == 0 or last)  # noqa: E731
-            if not (step == start_step and evals_done):
-                if due(cfg.eval_interval):
-                    metrics["val_loss"] = evaluate_val_loss(train_model if not rt.ddp else train_model.module, val_stream,
-                                                            cfg.val_tokens, B, T, rt, dtype, vocab)
-                    log(f"step {step:5d} | val loss {metrics['val_loss']:.4f}")
-                    run_log.write(step, "val", metrics["val_loss"])
-                if due(cfg.hellaswag_interval):
-                    hella_examples = hella_examples if hella_examples is not None else load_hellaswag(cfg, rt, log)
-                    if hella_examples:  # every rank scores its share; counts are all-reduced inside
-                        import hellaswag
-
-                        res = hellaswag.evaluate(raw_model, hella_examples, rt.device, rank=rt.rank,
-                                                 world_size=rt.world_size,
-                                                 autocast_dtype=torch.bfloat16 if dtype == "bfloat16" else None)
-                        metrics["hellaswag"] = res["acc_norm"]
-                        log(f"step {step:5d} | HellaSwag acc_norm {res['correct_norm']}/{res['n']} = {res['acc_norm']:.4f}")
-                        run_log.write(step, "hella", res["acc_norm"])
-                if due(cfg.sample_interval) and rt.master:
-                    for text in sample_texts(raw_model, cfg.sample_prompt, 4, 32, 50, 1.0, cfg.seed, rt.device):
-                        log(f"sample: {text!r}")
-            if last:
-                break
-
-            t0 = time.time()
-            optimizer.zero_grad(set_to_none=True)
-            loss_accum = accumulate_gradients(train_model, next_batch, grad_accum, rt, dtype)
-            norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg.grad_clip or float("inf"))
-            lr = get_lr(step, cfg.max_lr, min_lr, cfg.warmup_steps, decay_steps)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            loss_value, norm_value = loss_accum.item(), norm.item()  # the one host sync per step
-            if not (math.isfinite(loss_value) and math.isfinite(norm_value)):
-                if not cfg.skip_nonfinite:
-                    good = checkpoint_paths(log_dir)
-                    raise NonFiniteError(f"non-finite loss {loss_value} / grad norm {norm_value} at step {step}; "
-                                         f"last good checkpoint: {good[-1] if good else 'none'} "
-                                         "(lower --max_lr, or pass --skip_nonfinite true)")
-                log(f"step {step:5d} | non-finite loss {loss_value} / grad norm {norm_value}: update skipped")
-            else:
-                optimizer.step()
-            if rt.device_type == "cuda":
-                torch.cuda.synchronize()
-            dt = time.time() - t0
-            tok_per_s = cfg.total_batch_size / dt
-            mfu = f" | MFU {flops_tok * tok_per_s / (peak * rt.world_size):6.2%}" if peak else ""
-            log(f"step {step:5d} | loss {loss_value:.6f} | lr {lr:.4e} | norm {norm_value:.4f} | "
-                f"{dt * 1000:7.1f} ms | {tok_per_s:9.0f} tok/s{mfu}")
-            run_log.write(step, "train", loss_value)
-            if wandb_run is not None:
-                wandb_run.log({"train/loss": loss_value, "lr": lr, "grad_norm": norm_value,
-                               "val/loss": metrics["val_loss"]}, step=step)
-            metrics["train_loss"], metrics["step"] = loss_value, step + 1
-            if all_ranks_agree(stop.requested, rt):
-                path = save(step + 1, done=False)
-                log(f"stop requested: saved {path} after step {step}; resume with --resume auto")
-                metrics["stopped"] = True
-                return metrics
-            if cfg.ckpt_interval and (step + 1) % cfg.ckpt_interval == 0 and step + 1 < cfg.max_steps:
-                save(step + 1, done=False)
-    metrics["checkpoint"] = str(save(cfg.max_steps, done=True))
-    if wandb_run is not None:
-        wandb_run.finish()
-    return metrics
-
+def sample_texts(model: GPT, prompt: str, num_samples: int, max_new_tokens: int, top_k: Optional[int],
+                 temperature: float, seed: int, device: str) -> list[str]:
+    """Seeded top-k samples continuing `prompt`, decoded; padded vocabulary ids are never drawn."""
+    enc = get_tokenizer()
+    prompt_ids = enc.encode(prompt) or [EOT_TOKEN]
+    if len(prompt_ids) >= model.config.block_size:
+        raise ValueError(f"prompt is {len(prompt_ids)} tokens, the model's context is {model.config.block_size}")
+    idx = torch.tensor(prompt_ids, dtype=torch.long, device=device).repeat(num_samples, 1)
+    was_training = model.training
+    model.eval()
+    out = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k,
+                         generator=torch.Generator(device=device).manual_seed(seed),
+                         vocab_limit=min(enc.n_vocab, model.config.vocab_size))
+    model.train(was_training)
+    return [enc.decode(row.tolist()) for row in out]
 
 def load_hellaswag(cfg: TrainConfig, rt: Runtime, log) -> list:
     """HellaSwag val examples, or [] with a message when they cannot be had (e.g. offline). Rank 0 goes first,
     so the file is downloaded once; the same answer on every rank, since all of them call evaluate()."""
-    import hellaswag
+    import hellaswag  # beside this file; it does not import this module back
 
     examples, error = [], None
     for turn in (0, 1):
@@ -1149,138 +678,223 @@ def load_hellaswag(cfg: TrainConfig, rt: Runtime, log) -> list:
         return []
     return examples[: cfg.hellaswag_limit] if cfg.hellaswag_limit else examples
 
+# How each metric reads on stdout; log.txt and wandb get every value as measured. A kind missing here needs no
+# entry: it prints as `kind value`.
+SHOW = {"train": "loss {:.6f}", "val": "val loss {:.4f}", "hella": "HellaSwag acc_norm {:.4f}", "lr": "lr {:.4e}",
+        "norm": "norm {:.4f}", "ms": "{:7.1f} ms", "tok_per_s": "{:9.0f} tok/s", "mfu": "MFU {:6.2%}"}
 
-def refresh_plot(log_dir: Path) -> Optional[Path]:
-    """Redraw log_dir/curves.png at a checkpoint; None instead of an error: a plot never stops a run."""
-    try:
-        return plot_curves(log_dir)
-    except ImportError:  # matplotlib is optional for training
-        return None
-    except Exception as e:  # e.g. a full disk: warn and train on
-        print(f"warning: curves.png not updated ({type(e).__name__}: {e})", file=sys.stderr)
-        return None
+class Metrics:
+    """The one sink of measured values. report(step, kind=value, ...) is called once, where they are measured:
+    it prints them as one line, appends a `step kind value` line each to log_dir/log.txt (what plot.py and
+    play.ipynb read) and sends them to wandb when it is on. Only rank 0 writes; every rank keeps `latest`."""
 
+    def __init__(self, log_dir: Path, enabled: bool, echo, wandb_run=None):
+        self.path, self.enabled, self.echo, self.wandb_run = log_dir / "log.txt", enabled, echo, wandb_run
+        self.latest: dict[str, float] = {}  # the newest value of each kind: train() returns them
+
+    def report(self, step: int, **values: float):
+        self.latest.update(values)
+        if self.enabled:
+            self.echo(f"step {step:5d} | " + " | ".join(SHOW.get(k, k + " {:.6g}").format(v) for k, v in values.items()))
+            with open(self.path, "a") as f:  # appended: a resumed run continues the same file
+                f.writelines(f"{step} {kind} {value:.8g}\n" for kind, value in values.items())
+            if self.wandb_run is not None:
+                self.wandb_run.log(values, step=step)
 
 # ----------------------------------------------------------------------------------------------------------
-# Training curves and Hugging Face export
+# Training
 
-GPT2_124M_VAL_LOSS = 3.2924  # OpenAI's GPT-2 124M on our FineWeb-Edu val split: the loss to beat
-HELLASWAG_BASELINES = {"GPT-2 124M": 0.2955, "GPT-3 124M": 0.337}  # acc_norm on the 10,042 val examples
+@dataclass
+class Run:
+    """What a training run holds across steps: made by start_run, saved by save_checkpoint."""
+    cfg: TrainConfig
+    rt: Runtime
+    model: GPT  # the plain module: evaluation, sampling and checkpoints use it
+    train_model: nn.Module  # the module that trains: `model` compiled and/or wrapped in DDP (the same weights)
+    optimizer: torch.optim.Optimizer
+    train_loader: DataLoaderLite
+    val_stream: Optional[TokenStream]
+    dtype: str  # autocast dtype: "bfloat16" | "float32"
+    grad_accum: int  # micro-steps per optimizer step
+    step: int = 0  # optimizer steps taken so far
+    evals_done: bool = False  # the evaluations of `step` are already logged (a resumed end-of-run checkpoint)
+    val_loss: Optional[float] = None  # a resumed run's newest val loss, until this run measures its own
+    hellaswag: Optional[list] = None  # loaded at the first HellaSwag evaluation
 
+def build_model(cfg: TrainConfig) -> GPT:
+    """From scratch with cfg's shape, or the weights named by --init_from (cropped to block_size if shorter)."""
+    if cfg.init_from == "scratch":
+        return GPT(GPTConfig(cfg.block_size, cfg.vocab_size, cfg.n_layer, cfg.n_head, cfg.n_embd))
+    model = load_model(cfg.init_from)
+    if cfg.block_size < model.config.block_size:
+        model.crop_block_size(cfg.block_size)
+    if cfg.seq_len > model.config.block_size:
+        raise ValueError(f"--seq_len ({cfg.seq_len}) exceeds the context of {cfg.init_from} ({model.config.block_size})")
+    return model
 
-def plot_curves(log_dir: str | os.PathLike, out_path: str | os.PathLike | None = None) -> Path:
-    """Draw log_dir/log.txt as a PNG (default log_dir/curves.png): losses, and HellaSwag if logged, with baselines."""
-    log_path = Path(log_dir) / "log.txt"
-    if not log_path.is_file():
-        raise FileNotFoundError(f"{log_path} does not exist; it is written by a training run with --log_dir {log_dir}")
-    series = read_log(log_path)
-    if not series:
-        raise ValueError(f"{log_path} holds no metrics yet")
-    # A bare Figure on the Agg canvas: no pyplot, so no global backend switch (a notebook's plots are untouched).
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+def start_run(cfg: TrainConfig, rt: Runtime, log) -> Run:
+    """Everything a run needs before its first step: model, optimizer, data, and a resumed run's state."""
+    B, T = cfg.batch_size, cfg.seq_len
+    if cfg.total_batch_size % (B * T * rt.world_size):
+        raise ValueError(f"--total_batch_size {cfg.total_batch_size} is not divisible by batch_size x seq_len x "
+                         f"world_size = {B} x {T} x {rt.world_size} = {B * T * rt.world_size}")
+    log_dir = prepare_log_dir(cfg.log_dir, rt)
+    if rt.device_type == "cuda":  # TF32 for any fp32 matmul left outside autocast
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    torch.manual_seed(cfg.seed)  # the same initial weights on every rank
+    model = build_model(cfg).to(rt.device)
+    run = Run(cfg, rt, model, model, model.configure_optimizers(cfg.weight_decay, cfg.max_lr, rt.device_type),
+              DataLoaderLite(cfg.data_root, "train", B, T, rt.rank, rt.world_size, model.config.vocab_size,
+                             cfg.shuffle_shards, cfg.seed),
+              TokenStream.from_split(cfg.data_root, "val") if cfg.eval_interval else None,
+              dtype=cfg.dtype if cfg.dtype != "auto" else ("bfloat16" if rt.device_type == "cuda" else "float32"),
+              grad_accum=cfg.total_batch_size // (B * T * rt.world_size))
+    resumed_from = resume(run, log_dir, log) if cfg.resume else None
+    use_compile = cfg.compile == "true" or (cfg.compile == "auto" and rt.device_type == "cuda")
+    run.train_model = torch.compile(model) if use_compile else model
+    if rt.ddp:
+        from torch.nn.parallel import DistributedDataParallel as DDP
 
-    hella = series.get("hella", [])
-    fig = Figure(figsize=(13 if hella else 7, 4.5), layout="constrained")
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(1, 2 if hella else 1, squeeze=False)[0]
-    for kind in ("train", "val"):
-        if series.get(kind):
-            axes[0].plot(*zip(*series[kind]), label=f"{kind} loss")
-    axes[0].axhline(GPT2_124M_VAL_LOSS, color="red", linestyle="--", label=f"GPT-2 124M val ({GPT2_124M_VAL_LOSS})")
-    axes[0].set(xlabel="step", ylabel="loss", title="loss")
-    if hella:
-        axes[1].plot(*zip(*hella), label="ours")
-        for (name, acc), color in zip(HELLASWAG_BASELINES.items(), ("red", "green")):
-            axes[1].axhline(acc, color=color, linestyle="--", label=f"{name} ({acc})")
-        axes[1].set(xlabel="step", ylabel="acc_norm", title="HellaSwag")
-    for ax in axes:
-        ax.grid(alpha=0.3)
-        ax.legend()
-    out = Path(out_path) if out_path is not None else Path(log_dir) / "curves.png"
-    atomic_write(out, lambda f: fig.savefig(f, format="png", dpi=100))  # a viewer never sees half a PNG
-    return out
+        run.train_model = DDP(run.train_model, device_ids=[rt.local_rank] if rt.device_type == "cuda" else None)
+    if rt.master:
+        write_header(log_dir, cfg, rt, {"num_params": model.num_params(), "grad_accum_steps": run.grad_accum,
+                                        "dtype": run.dtype, "compile": use_compile, "resumed_from": resumed_from})
+    log(f"{model.num_params():,} parameters | {rt.world_size} process(es) on {rt.device} | {run.dtype} | "
+        f"compile {use_compile}")
+    log(f"total batch {cfg.total_batch_size:,} tokens = {B} x {T} x {rt.world_size} ranks x {run.grad_accum} micro-steps")
+    return run
 
+def is_due(step: int, interval: int, last_step: int) -> bool:
+    """Every `interval` steps (0: never), and always at the last step."""
+    return interval > 0 and (step % interval == 0 or step == last_step)
 
-def to_hf_state_dict(our_sd: dict, keep_vocab: Optional[int] = None) -> dict:
-    """Inverse of convert_hf_state_dict: Conv1D weights transposed back; token-table rows >= keep_vocab
-    dropped (the padding of a 50304-row table, ids the tokenizer never produces)."""
-    out = {}
-    for key, value in our_sd.items():
-        value = value.detach()
-        if key in ("transformer.wte.weight", "lm_head.weight") and keep_vocab is not None:
-            value = value[:keep_vocab]
-        out[key] = (value.t() if key.endswith(HF_TRANSPOSED) else value).contiguous()
-    return out
+def evaluate(run: Run, step: int, metrics: Metrics, log):
+    """The evaluations due at `step`, on the plain model: val loss and HellaSwag (every rank scores a share of
+    them), and samples (rank 0)."""
+    cfg, rt, model = run.cfg, run.rt, run.model
+    if is_due(step, cfg.eval_interval, cfg.max_steps):
+        metrics.report(step, val=evaluate_val_loss(model, run.val_stream, cfg.val_tokens, cfg.batch_size, cfg.seq_len,
+                                                   rt, run.dtype, model.config.vocab_size))
+    if is_due(step, cfg.hellaswag_interval, cfg.max_steps):
+        run.hellaswag = run.hellaswag if run.hellaswag is not None else load_hellaswag(cfg, rt, log)
+        if run.hellaswag:
+            import hellaswag
 
+            result = hellaswag.evaluate(model, run.hellaswag, rt.device, enc=get_tokenizer(), rank=rt.rank,
+                                        world_size=rt.world_size,
+                                        autocast_dtype=torch.bfloat16 if run.dtype == "bfloat16" else None)
+            metrics.report(step, hella=result["acc_norm"])
+    if is_due(step, cfg.sample_interval, cfg.max_steps) and rt.master:
+        for text in sample_texts(model, cfg.sample_prompt, 4, 32, 50, 1.0, cfg.seed, rt.device):
+            log(f"sample: {text!r}")
 
-def export_hf(checkpoint_path: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
-    """Write one of our checkpoints as a directory that transformers.GPT2LMHeadModel.from_pretrained loads."""
-    from transformers import GPT2Config, GPT2LMHeadModel  # heavy; only when asked for
-
-    ckpt = load_checkpoint(checkpoint_path)
-    c = GPTConfig(**ckpt["model_config"])
-    vocab = min(c.vocab_size, GPT2_VOCAB_SIZE)  # 50304 -> 50257; a smaller (test) vocabulary is kept as is
-    eot = EOT_TOKEN if vocab > EOT_TOKEN else None
-    config = GPT2Config(vocab_size=vocab, n_positions=c.block_size, n_ctx=c.block_size, n_embd=c.n_embd,
-                        n_layer=c.n_layer, n_head=c.n_head, activation_function="gelu_new",
-                        bos_token_id=eot, eos_token_id=eot, tie_word_embeddings=True)
-    hf = GPT2LMHeadModel(config)
-    result = hf.load_state_dict(to_hf_state_dict(ckpt["model"], vocab), strict=False)
-    if result.missing_keys or result.unexpected_keys:
-        raise ValueError(f"{checkpoint_path} does not map onto GPT-2: missing {result.missing_keys[:10]}, "
-                         f"unexpected {result.unexpected_keys[:10]}")
-    out = Path(out_dir)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ValueError(f"{out} already exists and is not an empty directory; choose a new OUT_DIR")
-    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")  # complete, then renamed: never a half export
+def train(cfg: TrainConfig, log=print) -> dict:
+    """Train as configured (one process, or one rank under torchrun); return the final metrics."""
+    rt = setup_runtime(cfg.device)
     try:
-        hf.save_pretrained(tmp)
-        os.replace(tmp, out)
+        log = log if rt.master else (lambda *args: None)
+        run = start_run(cfg, rt, log)
+        model, train_model, optimizer, loader = run.model, run.train_model, run.optimizer, run.train_loader
+        metrics = Metrics(Path(cfg.log_dir), rt.master, log, start_wandb(cfg, rt))
+        metrics.latest["val"] = run.val_loss  # a resumed run's, until this run measures its own
+        fixed_batch = loader.next_batch() if cfg.overfit_batch else None
+        flops, peak = flops_per_token(model, cfg.seq_len), peak_flops(rt.device_type, cfg.peak_flops)
+        with StopSignal() as stop:
+            for step in range(run.step, cfg.max_steps + 1):
+                if not run.evals_done:  # a checkpoint written at the end of a run has evaluated already
+                    evaluate(run, step, metrics, log)
+                if step == cfg.max_steps:
+                    break
+                t0 = time.time()
+                optimizer.zero_grad(set_to_none=True)
+                loss_accum = torch.zeros((), device=rt.device)
+                for micro in range(run.grad_accum):
+                    x, y = fixed_batch if cfg.overfit_batch else loader.next_batch()
+                    x, y = to_device(x, rt), to_device(y, rt)
+                    if rt.ddp:  # all-reduce gradients only on the last micro-step (set before the forward)
+                        train_model.require_backward_grad_sync = micro == run.grad_accum - 1
+                    with autocast_context(rt.device_type, run.dtype):
+                        _, loss = train_model(x, y)
+                    # The loss is a mean over B*T tokens; dividing by grad_accum makes the summed gradients
+                    # those of the mean over the whole batch.
+                    loss = loss / run.grad_accum
+                    loss_accum += loss.detach()
+                    loss.backward()
+                if rt.ddp:
+                    dist.all_reduce(loss_accum, op=dist.ReduceOp.AVG)  # the loss of the whole batch, on every rank
+                norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or float("inf"))
+                lr = get_lr(step, cfg.max_lr, cfg.max_lr * cfg.min_lr_ratio, cfg.warmup_steps,
+                            cfg.lr_decay_steps or cfg.max_steps)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                loss_value, norm_value = loss_accum.item(), norm.item()  # the one host sync of a step
+                if math.isfinite(loss_value) and math.isfinite(norm_value):
+                    optimizer.step()
+                elif cfg.skip_nonfinite:
+                    log(f"step {step:5d} | non-finite loss {loss_value} / grad norm {norm_value}: update skipped")
+                else:
+                    good = checkpoint_paths(cfg.log_dir)
+                    raise NonFiniteError(f"non-finite loss {loss_value} / grad norm {norm_value} at step {step}; "
+                                         f"last good checkpoint: {good[-1] if good else 'none'} "
+                                         "(lower --max_lr, or pass --skip_nonfinite true)")
+                if rt.device_type == "cuda":
+                    torch.cuda.synchronize()  # the step's GPU work is done: now the clock means something
+                dt = time.time() - t0
+                mfu = {"mfu": flops * cfg.total_batch_size / dt / (peak * rt.world_size)} if peak else {}
+                metrics.report(step, train=loss_value, lr=lr, norm=norm_value, ms=1000 * dt,
+                               tok_per_s=cfg.total_batch_size / dt, **mfu)
+                run.step, run.evals_done = step + 1, False
+                if all_ranks_agree(stop.requested, rt):
+                    path = save_checkpoint(run, metrics.latest["val"])
+                    log(f"stop requested: saved {path} after step {step}; resume with --resume auto")
+                    return {**metrics.latest, "step": run.step, "checkpoint": str(path), "stopped": True}
+                if cfg.ckpt_interval and run.step % cfg.ckpt_interval == 0 and run.step < cfg.max_steps:
+                    save_checkpoint(run, metrics.latest["val"])
+        run.evals_done = True
+        path = save_checkpoint(run, metrics.latest["val"])
+        if metrics.wandb_run is not None:
+            metrics.wandb_run.finish()
+        return {**metrics.latest, "step": run.step, "checkpoint": str(path)}
     finally:
-        if tmp.exists():
-            import shutil
+        teardown_runtime(rt)
 
-            shutil.rmtree(tmp)
-    return out
+def to_device(t: torch.Tensor, rt: Runtime) -> torch.Tensor:
+    """A host batch on the run's device; pinned memory lets the copy to a GPU overlap with compute."""
+    return t.pin_memory().to(rt.device, non_blocking=True) if rt.device_type == "cuda" else t.to(rt.device)
 
+def start_wandb(cfg: TrainConfig, rt: Runtime):
+    if not (cfg.wandb_project and rt.master):
+        return None
+    import wandb  # optional dependency, imported only when asked for
+
+    return wandb.init(project=cfg.wandb_project, config=dataclasses.asdict(cfg), resume="allow")
 
 # ----------------------------------------------------------------------------------------------------------
 # Command line
 
-
-def str2bool(text: str) -> bool:
-    if text.lower() in ("true", "1", "yes"):
-        return True
-    if text.lower() in ("false", "0", "no"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-
-
 class Parser(argparse.ArgumentParser):
-    """argparse with a one-line error (the full usage of ~40 flags would bury it); -h still shows it all."""
+    """argparse with a one-line error (the usage of ~40 flags would bury it) and no abbreviations (a prefix of
+    one flag would silently set another)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(allow_abbrev=False, **kwargs)
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see -h)\n")
 
-
 def train_parser() -> argparse.ArgumentParser:
     """--field value for every TrainConfig field, plus --preset; explicit flags override the preset."""
-    parser = Parser(
-        description="Train GPT-2 (sub-commands: sample, plot, export; see `train_gpt2.py sample -h`).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = Parser(description="Train GPT-2 (README.md has the recipes; sample.py, hellaswag.py, plot.py and "
+                    "export_hf.py use what it writes).", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--preset", choices=sorted(PRESETS), help="a named recipe; other flags override it")
-    for f in dataclasses.fields(TrainConfig):  # f.type is the annotation's text (from __future__ import annotations)
-        kind = {"bool": str2bool, "int": int, "Optional[int]": int, "float": float}.get(f.type, str)
-        parser.add_argument(f"--{f.name}", type=kind, default=f.default, help=f.metadata["help"],
-                            metavar="true|false" if kind is str2bool else None)
+    for f in dataclasses.fields(TrainConfig):
+        parser.add_argument(f"--{f.name}", type=FLAG_TYPES[f.name], default=f.default, help=f.metadata["help"],
+                            metavar="true|false" if FLAG_TYPES[f.name] is str2bool else None)
     return parser
-
 
 def parse_train_args(argv: list[str]) -> TrainConfig:
     parser = train_parser()
-    preset = parser.parse_known_args(argv)[0].preset
-    if preset:
+    if preset := parser.parse_known_args(argv)[0].preset:
         parser.set_defaults(**PRESETS[preset])
     args = vars(parser.parse_args(argv))
     args.pop("preset")
@@ -1289,59 +903,203 @@ def parse_train_args(argv: list[str]) -> TrainConfig:
     except ValueError as e:
         parser.error(str(e))
 
-
-def sample_main(argv: list[str]):
-    parser = Parser(prog="train_gpt2.py sample", description="Print samples from a model.")
-    parser.add_argument("--init_from", default="gpt2", help="gpt2 | gpt2-medium | ... | HF_DIR | CHECKPOINT.pt")
-    parser.add_argument("--prompt", default="Hello, I'm a language model,")
-    parser.add_argument("--num_samples", type=int, default=5)
-    parser.add_argument("--max_new_tokens", type=int, default=30)
-    parser.add_argument("--top_k", type=int, default=50, help="0: sample from the whole distribution")
-    parser.add_argument("--temperature", type=float, default=1.0, help="0: greedy")
-    parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--device", default="auto")
-    args = parser.parse_args(argv)
-    if args.num_samples <= 0 or args.max_new_tokens <= 0:
-        parser.error("--num_samples and --max_new_tokens must be positive")
-    device = check_device(args.device)
-    model = load_model(args.init_from, device)
-    texts = sample_texts(model, args.prompt, args.num_samples, args.max_new_tokens, args.top_k or None,
-                         args.temperature, args.seed, device)
-    for i, text in enumerate(texts):
-        print(f"sample {i}: {text}")
-
-
-def plot_main(argv: list[str]):
-    parser = Parser(prog="train_gpt2.py plot", description="Draw a run's log.txt as curves.png.")
-    parser.add_argument("log_dir", help="the --log_dir of a run (holds log.txt)")
-    parser.add_argument("--out", default=None, help="PNG path (default: LOG_DIR/curves.png)")
-    args = parser.parse_args(argv)
-    print(f"wrote {plot_curves(args.log_dir, args.out)}")
-
-
-def export_main(argv: list[str]):
-    parser = Parser(prog="train_gpt2.py export", description="Write a checkpoint as a Hugging Face GPT-2 directory.")
-    parser.add_argument("checkpoint", help="a model_*.pt written by training")
-    parser.add_argument("out_dir", help="directory for config.json and model.safetensors")
-    args = parser.parse_args(argv)
-    print(f"wrote {export_hf(args.checkpoint, args.out_dir)}: load it with GPT2LMHeadModel.from_pretrained")
-
-
 def main(argv: Optional[list[str]] = None):
-    argv = sys.argv[1:] if argv is None else argv
-    commands = {"sample": sample_main, "plot": plot_main, "export": export_main}
     try:
-        if argv and argv[0] in commands:
-            return commands[argv[0]](argv[1:])
-        cfg = parse_train_args(argv)
-        metrics = train(cfg)
-        if metrics.get("stopped"):
+        if train(parse_train_args(sys.argv[1:] if argv is None else argv)).get("stopped"):
             print("stopped cleanly")
     except (ValueError, OSError, NonFiniteError) as e:
         if os.environ.get("GPT2_DEBUG"):
             raise
         sys.exit(f"error: {e}")
 
+# ----------------------------------------------------------------------------------------------------------
+# Plumbing: what a run needs and a reader changing the model or the loop does not. Checkpoint files and model
+# loading, resume lookup and pruning, RNG capture, atomic writes, the log directory, the plot refresh, signals,
+# the run header, process-group start-up, and the FLOP arithmetic of MFU.
+
+class NonFiniteError(RuntimeError):
+    """The loss or gradient norm became inf/NaN."""
+
+def load_checkpoint(path: str | os.PathLike) -> dict:
+    """A checkpoint written by this script: plain tensors and dicts, loaded without running any code."""
+    if not (path := Path(path)).is_file():
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # truncated file, not a torch file, or pickled objects weights_only refuses
+        raise ValueError(f"{path} is not a readable checkpoint of this script ({type(e).__name__}: {e})") from None
+    if not isinstance(ckpt, dict) or "model" not in ckpt or "model_config" not in ckpt:
+        raise ValueError(f"{path} is not a checkpoint of this script (no 'model' / 'model_config' entries)")
+    return ckpt
+
+def load_model(source: str, device: str = "cpu") -> GPT:
+    """A model from one of our checkpoints (a file), a local Hugging Face directory, or a GPT-2 hub name."""
+    if Path(source).is_file() or str(source).endswith(".pt"):
+        ckpt = load_checkpoint(source)
+        model = GPT(GPTConfig(**ckpt["model_config"]))
+        model.load_state_dict(ckpt["model"])
+    else:
+        model = GPT.from_pretrained(str(source))
+    return model.to(device)
+
+def save_checkpoint(run: Run, val_loss: Optional[float]) -> Path:
+    """log_dir/model_{step:05d}.pt, written atomically by rank 0: weights, optimizer, loader position, RNG states
+    and configs as plain data; then old ones pruned and curves.png redrawn. Every rank waits for the file."""
+    path = Path(run.cfg.log_dir) / f"model_{run.step:05d}.pt"
+    if run.rt.master:
+        if not all(torch.isfinite(p).all() for p in run.model.parameters()):
+            raise NonFiniteError(f"refusing to checkpoint non-finite weights at step {run.step}")
+        ckpt = {"model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
+                "model_config": dataclasses.asdict(run.model.config), "train_config": dataclasses.asdict(run.cfg),
+                "step": run.step, "evals_done": run.evals_done, "val_loss": val_loss,
+                "train_loader": run.train_loader.state_dict(), "rng": capture_rng_state()}
+        atomic_write(path, lambda f: torch.save(ckpt, f))
+        prune_checkpoints(run.cfg.log_dir, run.cfg.keep_last)
+        refresh_plot(run.cfg.log_dir)
+    if run.rt.ddp:
+        dist.barrier()  # nobody races ahead (or exits) before the file exists
+    return path
+
+def resume(run: Run, log_dir: Path, log) -> Optional[str]:
+    """Load --resume's checkpoint into run (weights, optimizer, loader, RNG, step); the path it came from."""
+    if run.cfg.resume == "auto":
+        path, ckpt, warnings = newest_valid_checkpoint(log_dir)
+        for w in warnings:
+            log(f"warning: {w}")
+        if ckpt is None:
+            log(f"no checkpoint in {log_dir}: starting fresh")
+            return None
+    else:
+        path, ckpt = run.cfg.resume, load_checkpoint(run.cfg.resume)
+    if GPTConfig(**ckpt["model_config"]) != run.model.config:
+        raise ValueError(f"{path} holds a model of shape {ckpt['model_config']}, this run builds {run.model.config}")
+    run.model.load_state_dict(ckpt["model"])
+    run.optimizer.load_state_dict(ckpt["optimizer"])
+    run.train_loader.load_state_dict(ckpt["train_loader"])
+    restore_rng_state(ckpt["rng"])
+    run.step, run.evals_done, run.val_loss = ckpt["step"], ckpt["evals_done"], ckpt["val_loss"]
+    log(f"resumed from {path} at step {run.step}")
+    return str(path)
+
+def checkpoint_paths(log_dir: str | os.PathLike) -> list[Path]:
+    """model_{step:05d}.pt files of log_dir, oldest first."""
+    found = [(int(m[1]), p) for p in Path(log_dir).glob("model_*.pt") if (m := re.fullmatch(r"model_(\d+)\.pt", p.name))]
+    return [p for _, p in sorted(found)]
+
+def newest_valid_checkpoint(log_dir: str | os.PathLike) -> tuple[Optional[Path], Optional[dict], list[str]]:
+    """The newest checkpoint that loads, skipping unreadable ones (returned as warnings)."""
+    warnings = []
+    for path in reversed(checkpoint_paths(log_dir)):
+        try:
+            return path, load_checkpoint(path), warnings
+        except ValueError as e:
+            warnings.append(f"skipping unreadable checkpoint: {e}")
+    return None, None, warnings
+
+def prune_checkpoints(log_dir: str | os.PathLike, keep_last: int):
+    for path in checkpoint_paths(log_dir)[:-keep_last] if keep_last > 0 else []:
+        path.unlink(missing_ok=True)
+
+def capture_rng_state() -> dict:
+    """Every RNG a run touches, as tensors and plain lists (weights_only-loadable)."""
+    np_state, py_state = np.random.get_state(), random.getstate()
+    return {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]],
+            "python": [py_state[0], list(py_state[1]), py_state[2]]}
+
+def restore_rng_state(state: dict):
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    name, keys, *rest = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+
+def atomic_write(path: Path, write):
+    """write(f) into a temp file beside `path`, fsync, then rename: a crash never leaves a truncated file."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+def prepare_log_dir(log_dir: str, rt: Runtime) -> Path:
+    """--log_dir, created by rank 0, and cleared of the temp files a kill during a checkpoint write leaves."""
+    if (path := Path(log_dir)).exists() and not path.is_dir():
+        raise ValueError(f"--log_dir {path} exists and is not a directory")
+    if rt.master:
+        path.mkdir(parents=True, exist_ok=True)
+        for stale in path.glob(".model_*.pt.tmp*"):
+            stale.unlink(missing_ok=True)
+    return path
+
+def refresh_plot(log_dir: str | os.PathLike):
+    """Redraw log_dir/curves.png with plot.py. A plot never stops a run: problems are reported, not raised."""
+    try:
+        import plot  # beside this file; it needs matplotlib and does not import this module back
+
+        png = plot.curves_png(log_dir)
+        atomic_write(Path(log_dir) / "curves.png", lambda f: f.write(png))
+    except ImportError as e:
+        print(f"note: curves.png not drawn ({e}); it needs plot.py beside this file and matplotlib", file=sys.stderr)
+    except Exception as e:  # e.g. a full disk: warn and train on
+        print(f"warning: curves.png not updated ({type(e).__name__}: {e})", file=sys.stderr)
+
+class StopSignal:
+    """Set by SIGTERM/SIGINT; the loop checks it after each step, saves a checkpoint and exits cleanly."""
+
+    def __enter__(self):
+        self.requested, self.previous = False, {}
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self.previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        self.requested = True
+
+    def __exit__(self, *exc):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+def write_header(log_dir: Path, cfg: TrainConfig, rt: Runtime, extra: dict):
+    """Append this run's config and versions to log_dir/header.txt (one JSON block per start or resume)."""
+    info = {"time": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv, "config": dataclasses.asdict(cfg),
+            "world_size": rt.world_size, "device": rt.device, "python": platform.python_version(),
+            "torch": torch.__version__, "numpy": np.__version__,
+            "gpu": torch.cuda.get_device_name() if rt.device_type == "cuda" else None, **extra}
+    with open(log_dir / "header.txt", "a") as f:
+        f.write(json.dumps(info, indent=1) + "\n")
+
+def init_process_group(backend: str, rank: int, world: int):
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt not in (None, "0") and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # After a torchrun restart the agent's shared store still holds the dead attempt's addresses (gloo then
+        # connects to them, pytorch/pytorch#135712): rendezvous under a key prefix of this attempt instead.
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False)
+        dist.init_process_group(backend, store=dist.PrefixStore(f"attempt_{attempt}/", store), rank=rank, world_size=world)
+    else:
+        dist.init_process_group(backend)
+
+# Dense bf16 tensor-core peak per GPU, from the vendors' datasheets (SXM parts).
+PEAK_BF16_FLOPS = {"A100": 312e12, "H100": 989e12, "H200": 989e12, "H800": 989e12, "A10G": 125e12,
+                   "L4": 121e12, "L40S": 362e12, "RTX 4090": 165e12, "RTX 3090": 71e12, "B200": 2250e12}
+
+def peak_flops(device_type: str, override: float = 0.0) -> Optional[float]:
+    """Peak bf16 FLOP/s of this device: the override, else a lookup by GPU name, else None (MFU not shown)."""
+    if override > 0 or device_type != "cuda":
+        return override or None
+    matches = [key for key in PEAK_BF16_FLOPS if key in torch.cuda.get_device_name()]
+    return PEAK_BF16_FLOPS[max(matches, key=len)] if matches else None  # the longest: "L40S" before "L4"
+
+def flops_per_token(model: GPT, seq_len: int) -> int:
+    """Training FLOPs per token: 6N for the weight matmuls (forward + backward) plus 12·L·C·T for attention
+    scores and values. N excludes the position table (a lookup) and includes the tied token table."""
+    return 6 * model.num_params(exclude_embeddings=True) + 12 * model.config.n_layer * model.config.n_embd * seq_len
 
 if __name__ == "__main__":
     main()

@@ -1,6 +1,7 @@
 """Helpers shared by test modules (conftest.py sets up the test process's own environment)."""
 
 import os
+from pathlib import Path
 
 
 def child_env() -> dict:
@@ -11,3 +12,14 @@ def child_env() -> dict:
     for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
     return env
+
+
+def measured(log_dir) -> dict:
+    """A run's log.txt as plot.read_log parses it, without the kinds that time the machine (ms, tok/s, MFU):
+    what two runs of the same computation must agree on."""
+    from plot import read_log
+
+    return {kind: values for kind, values in read_log(Path(log_dir) / "log.txt").items() if kind in measured.KINDS}
+
+
+measured.KINDS = ("train", "val", "hella", "lr", "norm")

@@ -1,7 +1,7 @@
 """Every bad input is rejected clearly: the program exits non-zero, the last line of stderr is one error
 message that says what is wrong, and no traceback is printed. One case per row of the README's "Bad inputs" table.
 
-Each case is a real process of train_gpt2.py, fineweb.py, hellaswag.py or bench.py on small files made
+Each case is a real process of one of the project's programs (train_gpt2.py, sample.py, ...) on small files made
 here. Most fail before a model is built, so a case costs about an interpreter and a torch import; the
 selected cases are started two at a time when the first one runs, and each test waits for its own.
 """
@@ -85,13 +85,12 @@ CASES = [
     train("--log_dir that is a file", "--log_dir", "{d}/a_file", message="not a directory"),
     train("--hellaswag_data that does not exist", "--hellaswag_interval", "1", "--hellaswag_data",
           "{d}/missing.jsonl", message="does not exist"),
-    # train_gpt2.py sub-commands
-    Case("train_gpt2.py", "sample --init_from a checkpoint that does not exist",
-         ("sample", "--init_from", "{d}/missing.pt", "--device", "cpu"), "does not exist"),
-    Case("train_gpt2.py", "export a checkpoint that does not exist", ("export", "{d}/missing.pt", "{out}"),
+    # sample.py, export_hf.py, plot.py
+    Case("sample.py", "--init_from a checkpoint that does not exist", ("--init_from", "{d}/missing.pt", "--device", "cpu"),
          "does not exist"),
-    Case("train_gpt2.py", "plot a directory without log.txt", ("plot", "{d}/empty"), "log.txt does not exist"),
-    Case("train_gpt2.py", "plot a malformed log.txt", ("plot", "{d}/bad_log"), "log.txt:1"),
+    Case("export_hf.py", "a checkpoint that does not exist", ("{d}/missing.pt", "{out}"), "does not exist"),
+    Case("plot.py", "a directory without log.txt", ("{d}/empty",), "log.txt does not exist"),
+    Case("plot.py", "a malformed log.txt", ("{d}/bad_log",), "log.txt:1"),
     # fineweb.py
     fineweb("--local file that does not exist", "missing.txt", message="no such file"),
     fineweb("--local file of an unknown type", "table.csv", message="unknown file type '.csv'"),

@@ -77,7 +77,8 @@ def test_hellaswag_measurement(tmp_path):
 
     args = bench.parse_args(["--quick"])
     config = bench.model_config(args, "train")
-    rows = sum(4 * hellaswag.render_example(ex)[0].size(1) for ex in bench.synthetic_hellaswag(4, seed=1337))
+    rows = sum(4 * hellaswag.render_example(ex, train_gpt2.get_tokenizer())[0].size(1)
+               for ex in bench.synthetic_hellaswag(4, seed=1337))
     per_token = 2 * (config.n_layer * 12 * config.n_embd ** 2 + config.vocab_size * config.n_embd)
     assert r["rows"][0]["gflop_per_example"] == pytest.approx(rows * per_token / 4 / 1e9)
     assert r["rows"][0]["flop_ratio"] == 1.0 and all(row["flop_ratio"] > 1.5 for row in r["rows"][1:])

@@ -74,7 +74,7 @@ def assets(tmp_path_factory):
 @pytest.fixture(scope="module")
 def single(assets):
     """The single-process, default-batch result on the synthetic examples, which other paths must reproduce."""
-    return hellaswag.evaluate(assets["model"], assets["examples"], "cpu")
+    return hellaswag.evaluate(assets["model"], assets["examples"], "cpu", enc=get_tokenizer())
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -85,7 +85,7 @@ def test_render_example_tokens_mask_and_padding():
     enc = get_tokenizer()
     example = {"ctx": "A man is sitting on a roof. He", "endings": ["is using wrap to wrap a pair of skis.",
                "starts pulling up roofing.", "is ripping level tiles off.", "holds a rubik's cube."], "label": 3}
-    tokens, mask, label = hellaswag.render_example(example)
+    tokens, mask, label = hellaswag.render_example(example, get_tokenizer())
     ctx = enc.encode_ordinary(example["ctx"])
     ends = [enc.encode_ordinary(" " + e) for e in example["endings"]]
     length = len(ctx) + max(len(e) for e in ends)
@@ -179,7 +179,7 @@ def test_parity_with_huggingface_logits(assets, single):
     assert len(set(ref)) > 1 and len(set(ref_norm)) > 1 and ref != ref_norm  # the test can fail
 
     model = assets["model"]  # load_model(hf_dir): converted to our GPT
-    sum_loss, mean_loss, got_labels = hellaswag.score_examples(model, examples, "cpu", batch_size=8)
+    sum_loss, mean_loss, got_labels = hellaswag.score_examples(model, examples, "cpu", enc=get_tokenizer(), batch_size=8)
     assert sum_loss.argmin(1).tolist() == ref
     assert mean_loss.argmin(1).tolist() == ref_norm
     assert got_labels.tolist() == labels
@@ -194,34 +194,34 @@ def test_parity_with_huggingface_logits(assets, single):
 
 def test_batched_equals_one_at_a_time(assets):
     model, examples = assets["model"], assets["examples"]
-    one = hellaswag.score_examples(model, examples, "cpu", batch_size=1)
-    batched = hellaswag.score_examples(model, examples, "cpu", batch_size=7)  # an uneven last batch too
+    one = hellaswag.score_examples(model, examples, "cpu", enc=get_tokenizer(), batch_size=1)
+    batched = hellaswag.score_examples(model, examples, "cpu", enc=get_tokenizer(), batch_size=7)  # an uneven last batch too
     for a, b in zip(one, batched):
         assert torch.allclose(a.float(), b.float(), rtol=0, atol=1e-4)  # only matmul rounding differs
     sum_loss, mean_loss, labels = one
     assert torch.equal(sum_loss.argmin(1), batched[0].argmin(1))
     assert torch.equal(mean_loss.argmin(1), batched[1].argmin(1))
-    result = hellaswag.evaluate(model, examples, "cpu", batch_size=16)
+    result = hellaswag.evaluate(model, examples, "cpu", enc=get_tokenizer(), batch_size=16)
     assert result["correct"] == (sum_loss.argmin(1) == labels).sum().item()
     assert result["correct_norm"] == (mean_loss.argmin(1) == labels).sum().item()
 
 
 def test_evaluate_restores_training_mode(assets):
     model = assets["model"].train()
-    hellaswag.evaluate(model, assets["examples"][:3], "cpu")
+    hellaswag.evaluate(model, assets["examples"][:3], "cpu", enc=get_tokenizer())
     assert model.training
     model.eval()
 
 
 def _ddp_worker(rank, world_size, init_file, ckpt, data, out_dir):
     import hellaswag as hs  # a fresh process: the module under test, from the repo on sys.path
-    from train_gpt2 import load_model as load
+    from train_gpt2 import get_tokenizer as tokenizer, load_model as load
 
     torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
     try:
         torch.set_num_threads(1)
         model, examples = load(ckpt, "cpu"), hs.load_examples(data=data)
-        result = hs.evaluate(model, examples, "cpu", batch_size=4, rank=rank, world_size=world_size)
+        result = hs.evaluate(model, examples, "cpu", enc=tokenizer(), batch_size=4, rank=rank, world_size=world_size)
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
     finally:
         torch.distributed.destroy_process_group()
@@ -239,7 +239,7 @@ def test_ddp_two_ranks_equal_single_process(assets, single):
 def test_context_longer_than_block_size_is_an_error(assets):
     long = {"ctx": " ".join(["word"] * 100), "endings": ["a", "b", "c", "d"], "label": 0}
     with pytest.raises(ValueError, match="block_size 64"):
-        hellaswag.evaluate(assets["model"], assets["examples"][:2] + [long], "cpu")
+        hellaswag.evaluate(assets["model"], assets["examples"][:2] + [long], "cpu", enc=get_tokenizer())
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -275,7 +275,7 @@ def test_malformed_lines_name_the_line_and_problem(tmp_path, line, problem):
 
 def test_render_example_validates():
     with pytest.raises(ValueError, match="exactly 4"):
-        hellaswag.render_example({"ctx": "x", "endings": ["a"] * 5, "label": 0})
+        hellaswag.render_example({"ctx": "x", "endings": ["a"] * 5, "label": 0}, get_tokenizer())
 
 
 def test_offline_without_cache_asks_for_data(tmp_path):
@@ -399,7 +399,7 @@ def straightforward_losses(model, examples) -> tuple[torch.Tensor, torch.Tensor]
     sums, means = [], []
     with torch.no_grad():
         for ex in examples:
-            tokens, mask, _ = hellaswag.render_example(ex)
+            tokens, mask, _ = hellaswag.render_example(ex, get_tokenizer())
             logp = model(tokens)[0].log_softmax(-1)  # (4, L, V)
             s = [-sum(logp[r, t - 1, tokens[r, t]] for t in range(tokens.size(1)) if mask[r, t]) for r in range(4)]
             sums.append(torch.stack(s))
@@ -417,7 +417,7 @@ def test_packed_scoring_equals_the_straightforward_way(assets):
 
     runs = [dict(batch_size=1), dict(batch_size=4), dict(batch_size=64), dict(batch_size=1, packed=False)]
     for kwargs in runs:
-        sum_loss, mean_loss, labels = hellaswag.score_examples(model, examples, "cpu", **kwargs)
+        sum_loss, mean_loss, labels = hellaswag.score_examples(model, examples, "cpu", enc=get_tokenizer(), **kwargs)
         assert torch.equal(sum_loss.argmin(1), ref_sum.argmin(1)), kwargs
         assert torch.equal(mean_loss.argmin(1), ref_mean.argmin(1)), kwargs
         torch.testing.assert_close(sum_loss, ref_sum, rtol=1e-5, atol=1e-4, msg=str(kwargs))  # fp32 rounding only

@@ -101,13 +101,15 @@ def test_flops_per_token_gpt2_124m():
     # 6N = 741,920,256 (weight matmuls, forward + backward);
     # 12 * L * H * Q * T = 12 * 12 * 12 * 64 * 1024 = 113,246,208 (attention scores and values)
     assert 6 * N == 741_920_256
-    assert flops_per_token(N, 12, 12, 64, 1024) == 855_166_464
-    assert isinstance(flops_per_token(N, 12, 12, 64, 1024), int)
+    assert flops_per_token(model, 1024) == 855_166_464
+    assert isinstance(flops_per_token(model, 1024), int)
 
 
 def test_mfu_of_a_known_run():
     """The units: 1.5M tok/s of 124M training on 8 A100s is about half their bf16 peak, a plausible MFU."""
-    flops = flops_per_token(123_653_376, 12, 12, 64, 1024)
+    with torch.device("meta"):
+        model = GPT(GPTConfig(block_size=1024, vocab_size=50257, n_layer=12, n_head=12, n_embd=768))
+    flops = flops_per_token(model, 1024)
     mfu = flops * 1.5e6 / (8 * train_gpt2.PEAK_BF16_FLOPS["A100"])
     assert mfu == pytest.approx(855_166_464 * 1.5e6 / 2.496e15)
     assert 0.5 < mfu < 0.53

@@ -50,7 +50,7 @@ def test_notebook_is_clean_and_labels_every_model_figure():
         titles = re.findall(r"(?:plt\.title|\.set_title)\((.*)", src)
         assert titles and all("TAG" in t for t in titles), src
     curves = [src for src in code_cells(nb) if "log.txt" in src]
-    assert len(curves) == 1 and "train_gpt2.plot_curves(" in curves[0]  # one plotting implementation
+    assert len(curves) == 1 and "plot.write_curves(" in curves[0]  # one plotting implementation
 
 
 @pytest.mark.slow

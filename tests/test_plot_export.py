@@ -1,5 +1,5 @@
-"""`train_gpt2.py plot` draws a run's log; `train_gpt2.py export` writes a checkpoint that transformers loads
-and that computes exactly what our model computes."""
+"""plot.py draws a run's log; export_hf.py writes a checkpoint that transformers loads and that computes exactly
+what our model computes."""
 
 import dataclasses
 import json
@@ -13,6 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import export_hf
+import plot
 import train_gpt2
 from train_gpt2 import GPT, GPTConfig
 
@@ -26,7 +28,7 @@ def run_script(script: str, *args) -> subprocess.CompletedProcess:
 
 
 def write_log(log_dir: Path, hella: bool = True) -> Path:
-    """A log.txt as RunLog writes it: train every step, val (and HellaSwag) every 5 steps."""
+    """A log.txt as train_gpt2.Metrics writes it: train every step, val (and HellaSwag) every 5 steps."""
     lines = [f"{step} train {11.0 - 0.3 * step:.6f}" for step in range(11)]
     for step in (0, 5, 10):
         lines.append(f"{step} val {11.0 - 0.25 * step:.6f}")
@@ -48,51 +50,57 @@ def read_png(path: Path):
 # plot
 
 
-def test_plot_curves_writes_a_png_atomically(tmp_path):
-    out = train_gpt2.plot_curves(write_log(tmp_path))
+def test_curves_png_draws_a_png_and_write_curves_is_atomic(tmp_path):
+    out = plot.write_curves(write_log(tmp_path))
     assert out == tmp_path / "curves.png"
     height, width, _ = read_png(out).shape
     assert width > height > 0  # two panels side by side
     assert sorted(p.name for p in tmp_path.iterdir()) == ["curves.png", "log.txt"]  # no temp file left
 
 
-def test_plot_curves_without_hellaswag_is_one_panel(tmp_path):
-    out = train_gpt2.plot_curves(write_log(tmp_path / "run", hella=False), tmp_path / "elsewhere.png")
-    one_panel = read_png(out).shape[1]
-    two_panels = read_png(train_gpt2.plot_curves(write_log(tmp_path / "run2"))).shape[1]
-    assert 0 < one_panel < two_panels
+def test_every_kind_in_the_log_gets_a_panel(tmp_path):
+    """A kind plot.py has never heard of is drawn too: adding a metric needs no change here."""
+    one = read_png(plot.write_curves(write_log(tmp_path / "run", hella=False), tmp_path / "elsewhere.png"))
+    two = read_png(plot.write_curves(write_log(tmp_path / "run2")))
+    log = write_log(tmp_path / "run3")
+    with open(log / "log.txt", "a") as f:
+        f.writelines(f"{step} my_new_metric {step ** 0.5:.6f}\n" for step in range(11))
+    three = read_png(plot.write_curves(log))
+    assert 0 < one.shape[1] < two.shape[1] < three.shape[1]  # 1, 2, 3 panels side by side
 
 
-def test_plot_curves_needs_a_log(tmp_path):
+def test_curves_need_a_log(tmp_path):
     with pytest.raises(FileNotFoundError, match="log.txt does not exist"):
-        train_gpt2.plot_curves(tmp_path)
+        plot.curves_png(tmp_path)
     (tmp_path / "log.txt").write_text("")
     with pytest.raises(ValueError, match="no metrics"):
-        train_gpt2.plot_curves(tmp_path)
+        plot.curves_png(tmp_path)
 
 
-def test_refresh_plot_never_raises(tmp_path, monkeypatch):
-    assert train_gpt2.refresh_plot(tmp_path) is None  # no log yet: a warning, not an exception
+def test_refresh_plot_never_raises(tmp_path, monkeypatch, capsys):
+    train_gpt2.refresh_plot(tmp_path)  # no log yet: a warning, not an exception
+    assert "curves.png not updated" in capsys.readouterr().err
     write_log(tmp_path)
     monkeypatch.setitem(sys.modules, "matplotlib.backends.backend_agg", None)  # as if matplotlib were missing
-    assert train_gpt2.refresh_plot(tmp_path) is None
-    assert not (tmp_path / "curves.png").exists()
+    train_gpt2.refresh_plot(tmp_path)
+    assert "curves.png not drawn" in capsys.readouterr().err and not (tmp_path / "curves.png").exists()
     monkeypatch.undo()
-    assert train_gpt2.refresh_plot(tmp_path) == tmp_path / "curves.png"
+    train_gpt2.refresh_plot(tmp_path)
+    read_png(tmp_path / "curves.png")
 
 
 def test_plot_cli(tmp_path):
-    result = run_script("train_gpt2.py", "plot", write_log(tmp_path))
+    result = run_script("plot.py", write_log(tmp_path))
     assert result.returncode == 0, result.stderr
     assert "curves.png" in result.stdout
     read_png(tmp_path / "curves.png")
 
 
 def test_plot_cli_missing_log_is_one_line_error(tmp_path):
-    result = run_script("train_gpt2.py", "plot", tmp_path / "no_such_run")
+    result = run_script("plot.py", tmp_path / "no_such_run")
     assert result.returncode != 0
     assert "Traceback" not in result.stderr
-    assert result.stderr.strip().count("\n") == 0 and result.stderr.startswith("error: ")
+    assert result.stderr.strip().count("\n") == 0 and result.stderr.startswith("plot.py: error: ")
     assert "log.txt does not exist" in result.stderr
 
 
@@ -128,7 +136,7 @@ def hf_and_our_outputs(hf_dir: Path, model: GPT, vocab: int, T: int):
 def test_to_hf_state_dict_transposes_and_drops_padding():
     torch.manual_seed(0)
     ours = GPT(GPTConfig(block_size=8, vocab_size=80, n_layer=1, n_head=2, n_embd=8)).state_dict()
-    hf = train_gpt2.to_hf_state_dict(ours, keep_vocab=50)
+    hf = export_hf.to_hf_state_dict(ours, keep_vocab=50)
     assert set(hf) == set(ours)
     for key in ("transformer.wte.weight", "lm_head.weight"):
         assert torch.equal(hf[key], ours[key][:50])
@@ -138,14 +146,14 @@ def test_to_hf_state_dict_transposes_and_drops_padding():
         elif "wte" not in key and "lm_head" not in key:
             assert torch.equal(hf[key], value)
     # without padding to drop, it is the exact inverse of the import
-    back = train_gpt2.convert_hf_state_dict(train_gpt2.to_hf_state_dict(ours), ours)
+    back = train_gpt2.convert_hf_state_dict(export_hf.to_hf_state_dict(ours), ours)
     assert all(torch.equal(back[k], ours[k]) for k in ours)
 
 
 def test_export_round_trip_matches_our_logits_and_loss(tmp_path):
     config = GPTConfig(block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=32)
     model = make_checkpoint(tmp_path / "ckpt.pt", config)
-    out = train_gpt2.export_hf(tmp_path / "ckpt.pt", tmp_path / "hf")
+    out = export_hf.export_hf(tmp_path / "ckpt.pt", tmp_path / "hf")
     hf_config = json.loads((out / "config.json").read_text())
     assert hf_config["vocab_size"] == 64  # a vocabulary smaller than GPT-2's is kept as is
     assert (hf_config["n_positions"], hf_config["n_ctx"], hf_config["n_embd"]) == (16, 16, 32)
@@ -157,8 +165,8 @@ def test_export_round_trip_matches_our_logits_and_loss(tmp_path):
 
 def test_export_of_a_missing_checkpoint_is_an_error(tmp_path):
     with pytest.raises(SystemExit) as exc:
-        train_gpt2.main(["export", str(tmp_path / "missing.pt"), str(tmp_path / "hf")])
-    assert str(exc.value.code).startswith("error: ") and "does not exist" in str(exc.value.code)
+        export_hf.main([str(tmp_path / "missing.pt"), str(tmp_path / "hf")])
+    assert str(exc.value.code).startswith("export_hf.py: error: ") and "does not exist" in str(exc.value.code)
     assert not (tmp_path / "hf").exists()
 
 
@@ -191,7 +199,7 @@ def test_export_cli_padded_vocab_scores_the_same_on_hellaswag(tmp_path, capsys):
     ckpt = tmp_path / "model_00010.pt"
     torch.save({"model": model.state_dict(), "model_config": dataclasses.asdict(config)}, ckpt)
 
-    result = run_script("train_gpt2.py", "export", ckpt, tmp_path / "hf")
+    result = run_script("export_hf.py", ckpt, tmp_path / "hf")
     assert result.returncode == 0, result.stderr
     hf_config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert hf_config["vocab_size"] == 50257  # 50304 -> 50257: the padding is gone

@@ -54,12 +54,12 @@ def test_quick_start_has_exactly_two_commands_and_ci_runs_the_test_one():
     assert "requirements.txt" in (ROOT / ".ci/run").read_text()
 
 
+RUN_FOR_REAL = ("sample.py", "plot.py", "export_hf.py")  # no parser to call alone: the slow test runs them
+
+
 def train_args(argv: list[str]):
     """The training flags of a `python train_gpt2.py ...` or `torchrun ... train_gpt2.py ...` command, else None."""
-    if "train_gpt2.py" not in argv:
-        return None
-    rest = argv[argv.index("train_gpt2.py") + 1 :]
-    return None if rest and rest[0] in ("sample", "plot", "export") else rest
+    return argv[argv.index("train_gpt2.py") + 1 :] if "train_gpt2.py" in argv else None
 
 
 def test_every_training_command_in_the_readme_parses():
@@ -73,7 +73,8 @@ def test_every_training_command_in_the_readme_parses():
 
 @pytest.mark.slow
 def test_readme_commands_run_at_tiny_settings(tmp_path):
-    """The quick start for real (shortened), then sample / plot / export / hellaswag as the README spells them."""
+    """The quick start for real (shortened), then sample.py / plot.py / export_hf.py / hellaswag.py as the README
+    spells them."""
     cmds = readme_commands()
     fineweb = next(c for c in cmds if c[:2] == ["python", "fineweb.py"] and "--local" in c)
     data = tmp_path / "data"
@@ -99,17 +100,20 @@ def test_readme_commands_run_at_tiny_settings(tmp_path):
              "out/gpt2-ours": str(tmp_path / "hf"), "log": str(log_dir)}
     jsonl = tmp_path / "hs.jsonl"
     jsonl.write_text('{"ctx": "The king", "endings": ["speaks.", "sleeps.", "runs away.", "is dead."], "label": 0}\n' * 3)
+    ran = set()
     for argv in cmds:
-        if argv[:2] == ["python", "train_gpt2.py"] and len(argv) > 2 and argv[2] in ("sample", "plot", "export"):
+        if argv[:2] in (["python", script] for script in RUN_FOR_REAL):
             argv = [subst.get(a, a) for a in argv]
-            if argv[2] == "sample":
-                argv[argv.index("--max_new_tokens") + 1] = "5"
+            if argv[1] == "sample.py":
+                argv[argv.index("--max_length") + 1] = "12"  # the 8-token prompt and 4 more
         elif argv[:2] == ["python", "hellaswag.py"]:
             argv = [subst.get(a, a) for a in argv] + ["--data", str(jsonl)]
         else:
             continue
         result = run(argv)
         assert result.returncode == 0, (argv, result.stderr[-2000:])
+        ran.add(argv[1])
+    assert ran == {*RUN_FOR_REAL, "hellaswag.py"}
     assert (log_dir / "curves.png").is_file() and (tmp_path / "hf" / "config.json").is_file()
 
 
@@ -130,8 +134,8 @@ def test_every_command_in_the_readme_parses():
     checked = 0
     for argv in readme_commands() + inline_commands(README):
         script = next((a for a in argv if a.endswith(".py")), None)
-        if script is None or (script == "train_gpt2.py" and train_args(argv) is None):
-            continue  # pip, or the sample/plot/export sub-commands, which the test below runs for real
+        if script is None or script in RUN_FOR_REAL:
+            continue  # pip, or the commands the test above runs for real
         args = argv[argv.index(script) + 1 :]
         if "-h" in args:
             with pytest.raises(SystemExit) as e:

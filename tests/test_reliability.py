@@ -25,8 +25,9 @@ import pytest
 import torch
 
 import train_gpt2
-from train_gpt2 import GPTConfig, TrainConfig, checkpoint_paths, read_log
-from helpers import child_env
+from plot import read_log
+from train_gpt2 import GPTConfig, TrainConfig, checkpoint_paths
+from helpers import child_env, measured
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 40
@@ -207,7 +208,7 @@ class Reference:
 
     def log(self) -> dict:
         self.final()
-        return read_log(self.log_dir / "log.txt")
+        return measured(self.log_dir)
 
 
 @pytest.fixture(scope="module")
@@ -247,7 +248,7 @@ def test_sigkill_at_any_moment_then_resume_auto_loses_nothing(data, reference, r
     assert resumed.finish() == 0, resumed.output()[-4000:]
     assert f"resumed from {log_dir / at_kill[-1]} at step {int(at_kill[-1][6:11])}" in resumed.output()
     assert_same_state(log_dir / f"model_{STEPS:05d}.pt", reference.final())
-    assert read_log(log_dir / "log.txt") == reference.log()  # every step and evaluation, the same values
+    assert measured(log_dir) == reference.log()  # every step and evaluation, the same values
     assert checkpoints(log_dir) == [f"model_{STEPS - 5:05d}.pt", f"model_{STEPS:05d}.pt"]
 
 
@@ -277,7 +278,7 @@ def test_resume_auto_skips_a_torn_newest_checkpoint_and_a_temp_file(data, refere
     assert len(warnings) == 1 and "skipping unreadable checkpoint" in warnings[0] and torn.name in warnings[0], out
     assert f"resumed from {good} at step {step}" in out
     assert_same_state(log_dir / f"model_{STEPS:05d}.pt", reference.final())
-    assert read_log(log_dir / "log.txt") == reference.log()
+    assert measured(log_dir) == reference.log()
     assert checkpoints(log_dir) == [f"model_{STEPS - 5:05d}.pt", f"model_{STEPS:05d}.pt"]
 
 
@@ -316,7 +317,7 @@ def test_signal_checkpoints_the_current_step_and_exits_cleanly(sig, data, refere
     assert resumed.finish() == 0, resumed.output()[-4000:]
     assert f"resumed from {saved} at step {last + 1}" in resumed.output()
     assert_same_state(log_dir / f"model_{STEPS:05d}.pt", reference.final())
-    assert read_log(log_dir / "log.txt") == reference.log()
+    assert measured(log_dir) == reference.log()
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -344,7 +345,7 @@ def test_torchrun_restarts_after_a_worker_dies_and_ends_identical(victim, data, 
     assert out.count("starting fresh") == 1 and out.count("resumed from") == 1, out[-6000:]
     assert re.search(rf"resumed from {re.escape(str(log_dir))}/model_\d{{5}}\.pt at step \d+", out)
     assert_same_state(log_dir / f"model_{STEPS:05d}.pt", reference_ddp.final())
-    assert read_log(log_dir / "log.txt") == reference_ddp.log()
+    assert measured(log_dir) == reference_ddp.log()
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -1,0 +1,103 @@
+"""
+Training curves: a run's log.txt, every kind of value it holds, drawn as one PNG.
+
+    python plot.py log                      # log/curves.png
+    python plot.py log/shakespeare --out curves.png
+
+log.txt has one `step kind value` line per measured value (train_gpt2.Metrics writes them): losses (train, val)
+share a panel with GPT-2 124M's val loss as a reference line; HellaSwag (hella) gets its baselines; every other
+kind (lr, norm, ms, tok_per_s, mfu, or one you add) gets a panel of its own, so a new metric needs no code here.
+train_gpt2.py redraws curves.png at each checkpoint; play.ipynb shows it.
+
+Importing this module does nothing but define things. It never imports train_gpt2 at import time: a training
+run imports it, and train_gpt2.py running as a script must not be loaded a second time as a module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from pathlib import Path
+
+GPT2_124M_VAL_LOSS = 3.2924  # OpenAI's GPT-2 124M on the FineWeb-Edu val split: the loss to beat
+HELLASWAG_BASELINES = {"GPT-2 124M": 0.2955, "GPT-3 124M": 0.337}  # acc_norm on the 10,042 val examples
+LOSSES = ("train", "val")  # drawn together on the first panel
+
+
+def read_log(path: str | os.PathLike) -> dict[str, list[tuple[int, float]]]:
+    """Parse log.txt into {kind: [(step, value), ...]} sorted by step; the last value logged for a step wins
+    (a resumed run logs again the steps after its checkpoint)."""
+    series: dict[str, dict[int, float]] = {}
+    for lineno, line in enumerate(Path(path).read_text().splitlines(), start=1):
+        try:
+            step, kind, value = line.split()
+            series.setdefault(kind, {})[int(step)] = float(value)
+        except ValueError:
+            raise ValueError(f"{path}:{lineno}: expected '<step> <kind> <value>', got {line!r}") from None
+    return {kind: sorted(values.items()) for kind, values in series.items()}
+
+
+def curves_png(log_dir: str | os.PathLike) -> bytes:
+    """log_dir/log.txt drawn as PNG bytes: the losses, HellaSwag, and one panel per other kind."""
+    log_path = Path(log_dir) / "log.txt"
+    if not log_path.is_file():
+        raise FileNotFoundError(f"{log_path} does not exist; it is written by a training run with --log_dir {log_dir}")
+    series = read_log(log_path)
+    if not series:
+        raise ValueError(f"{log_path} holds no metrics yet")
+    # A bare Figure on the Agg canvas: no pyplot, so no global backend switch (a notebook's plots are untouched).
+    import io
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    panels = (["loss"] if any(k in series for k in LOSSES) else []) + sorted(k for k in series if k not in LOSSES)
+    cols = min(len(panels), 3)
+    fig = Figure(figsize=(6 * cols, 4.2 * math.ceil(len(panels) / cols)), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(math.ceil(len(panels) / cols), cols, squeeze=False).ravel()
+    for ax, panel in zip(axes, panels):
+        for kind in LOSSES if panel == "loss" else (panel,):
+            if series.get(kind):
+                ax.plot(*zip(*series[kind]), label=f"{kind} loss" if panel == "loss" else "ours")
+        if panel == "loss":
+            ax.axhline(GPT2_124M_VAL_LOSS, color="red", linestyle="--", label=f"GPT-2 124M val ({GPT2_124M_VAL_LOSS})")
+        if panel == "hella":
+            for (name, acc), color in zip(HELLASWAG_BASELINES.items(), ("red", "green")):
+                ax.axhline(acc, color=color, linestyle="--", label=f"{name} ({acc})")
+        ax.set(xlabel="step", title={"loss": "loss", "hella": "HellaSwag acc_norm"}.get(panel, panel))
+        ax.grid(alpha=0.3)
+        ax.legend()
+    for ax in axes[len(panels):]:
+        ax.set_visible(False)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
+    return buffer.getvalue()
+
+
+def write_curves(log_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> Path:
+    """Draw log_dir/log.txt into `out` (default log_dir/curves.png), atomically: a viewer never sees half a PNG."""
+    from train_gpt2 import atomic_write  # here, not at the top: see the module docstring
+
+    png = curves_png(log_dir)
+    out = Path(log_dir) / "curves.png" if out is None else Path(out)
+    atomic_write(out, lambda f: f.write(png))
+    return out
+
+
+def main(argv: list[str] | None = None):
+    parser = argparse.ArgumentParser(prog="plot.py", description="Draw a run's log.txt as curves.png.",
+                                     allow_abbrev=False)
+    parser.add_argument("log_dir", help="the --log_dir of a training run (it holds log.txt)")
+    parser.add_argument("--out", default=None, help="PNG path (default: LOG_DIR/curves.png)")
+    args = parser.parse_args(argv)
+    try:
+        print(f"wrote {write_curves(args.log_dir, args.out)}")
+    except (ValueError, OSError) as e:
+        sys.exit(f"plot.py: error: {e}")
+
+
+if __name__ == "__main__":
+    main()
