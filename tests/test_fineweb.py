@@ -1,17 +1,25 @@
 """fineweb.py: documents, tokens, shards, manifest, the CLI and its errors."""
 
+import hashlib
 import json
+import os
+import resource
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 
 import fineweb
+from helpers import child_env
 
 ROOT = Path(__file__).resolve().parents[1]
 EOT = 50256
+ROOT_USER = os.geteuid() == 0  # root reads and writes whatever chmod says
 
 DOCS = [
     "Hello, I'm a language model.",
@@ -104,6 +112,15 @@ def test_input_txt_gives_one_document_per_play():
     assert min(len(d) for d in docs) > 50_000  # whole plays, not lines or scenes
     assert docs[0].startswith("ALL'S WELL THAT ENDS WELL")
     assert all("by William Shakespeare" in d[:200] for d in docs)
+
+
+def test_byte_order_mark_at_the_start_of_a_file_is_not_text(tmp_path):
+    bom = "\ufeff"
+    txt, jsonl = tmp_path / "a.txt", tmp_path / "b.jsonl"
+    txt.write_text(bom + "first\n\n\n" + bom + "second keeps its mark")  # elsewhere U+FEFF is ordinary text
+    jsonl.write_text(bom + '{"text": "one"}\n' + json.dumps({"text": bom + "two"}) + "\n")
+    assert list(fineweb.iter_documents([txt, jsonl])) == ["first", bom + "second keeps its mark", "one", bom + "two"]
+    assert list(fineweb.iter_txt_documents(txt, chunk_chars=1)) == ["first", bom + "second keeps its mark"]
 
 
 def test_jsonl_and_parquet_documents(tmp_path):
@@ -251,9 +268,14 @@ def test_failed_run_leaves_no_partial_corpus(tmp_path, enc):
 
 
 def test_input_txt_yields_val_and_train_with_default_shard_size(tmp_path, capsys):
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     manifest = fineweb.main(["--local", str(ROOT / "input.txt"), "--out_dir", str(tmp_path),
                              "--workers", "1", "--no_progress"])
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers  # restored
     assert [s["file"] for s in manifest["shards"]] == ["input_val_000000.npy", "input_train_000001.npy"]
+    # The shards are byte for byte those that np.save wrote before fineweb.py wrote them itself.
+    assert [hashlib.sha256((tmp_path / s["file"]).read_bytes()).hexdigest()[:16] for s in manifest["shards"]] == [
+        "7a756ad351abc096", "955c2300c3dd94ba"]
     split = manifest["small_corpus_split"]
     assert split["at_document_boundary"]  # val is the first play
     assert 0.05 <= split["val_tokens"] / manifest["total_tokens"] <= 0.2
@@ -277,6 +299,19 @@ def test_hub_path_streams_a_local_dataset_offline(tmp_path, enc):
                                   "text_field": "text"}
     _, stream, _ = read_shards(out)
     assert np.array_equal(stream, expected_stream(enc, DOCS))
+
+
+def test_interrupt_just_after_the_manifest_leaves_nothing(tmp_path, enc, monkeypatch):
+    real = fineweb.write_manifest
+
+    def then_interrupt(out_dir, manifest):
+        real(out_dir, manifest)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fineweb, "write_manifest", then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        fineweb.run_pipeline(DOCS, tmp_path, "p", 16, enc)
+    assert not any(tmp_path.iterdir())  # shards and the manifest are found by name and removed
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -385,11 +420,106 @@ def test_cli_input_errors(tmp_path, name, content, extra, message):
     assert not out.exists()
 
 
+def make_path(tmp_path, kind):
+    """A path of the given wrong kind in tmp_path."""
+    path = tmp_path / f"{kind}.txt"
+    if kind == "dir":
+        path.mkdir()
+    elif kind == "loop":
+        path.symlink_to(path.name)
+    elif kind == "dangling":
+        path.symlink_to("nowhere.txt")
+    elif kind == "in_a_file":
+        (tmp_path / "a_file").write_text("x")
+        path = tmp_path / "a_file" / "sub"
+    return path
+
+
+@pytest.mark.parametrize(
+    "kind, message",
+    [
+        ("dir", "dir.txt is a directory; name the files in it"),
+        ("loop", "loop.txt: cannot use it ("),  # (Too many levels of symbolic links)
+        ("dangling", "dangling.txt: a symbolic link to nowhere.txt, which does not exist"),
+        ("in_a_file", "a_file/sub: cannot use it ("),  # (Not a directory)
+    ],
+)
+def test_cli_local_path_of_the_wrong_kind(tmp_path, kind, message):
+    out = tmp_path / "out"
+    assert_error(run_cli("--local", make_path(tmp_path, kind), "--out_dir", out), message)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "kind, message",
+    [
+        ("loop", "--out_dir {path}: cannot use it ("),
+        ("dangling", "--out_dir {path}: a symbolic link to nowhere.txt"),
+        ("in_a_file", "--out_dir {path}: cannot use it ("),
+    ],
+)
+def test_cli_out_dir_of_the_wrong_kind(tmp_path, kind, message):
+    (tmp_path / "c.txt").write_text("text")
+    path = make_path(tmp_path, kind)
+    assert_error(run_cli("--local", tmp_path / "c.txt", "--out_dir", path), message.format(path=path))
+
+
+@pytest.mark.skipif(ROOT_USER, reason="root reads a file whatever its mode")
+def test_cli_unreadable_local_file(tmp_path):
+    path = tmp_path / "secret.txt"
+    path.write_text("text")
+    path.chmod(0)
+    assert_error(run_cli("--local", path, "--out_dir", tmp_path / "out"), "secret.txt: cannot read it (")
+
+
+@pytest.mark.skipif(ROOT_USER, reason="root writes in a directory whatever its mode")
+def test_cli_read_only_out_dir(tmp_path):
+    out = tmp_path / "ro"
+    out.mkdir()
+    out.chmod(0o555)
+    try:
+        assert_error(run_cli("--local", ROOT / "input.txt", "--out_dir", out), f"no permission to write in {out}")
+        assert not any(out.iterdir())
+    finally:
+        out.chmod(0o755)
+
+
+def test_cli_full_disk_removes_what_was_written(tmp_path):
+    # RLIMIT_FSIZE caps each file the child writes, root's too: input.txt's val shard (~82 kB) fits, its train
+    # shard (~600 kB) fails part-way, as on a full disk.
+    def limit_file_size():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of killing the process
+        resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
+
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, str(ROOT / "fineweb.py"), "--local", str(ROOT / "input.txt"), "--out_dir",
+                           str(out), "--workers", "1", "--no_progress"], cwd=ROOT, env=child_env(),
+                          preexec_fn=limit_file_size, capture_output=True, text=True, timeout=120)
+    assert_error(proc, f"cannot write {out}/input_train_000001.npy (File too large); free some space")
+    assert not any(out.iterdir())  # the val shard was written, then removed; no temp file
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--local", "{c}", "--out", "{out}"], "unrecognized arguments: --out"),  # no prefix abbreviations
+        (["--local", "{c}", "--out_dir", ""], "argument --out_dir: empty path"),
+        (["--local", ""], "argument --local: empty path"),
+    ],
+)
+def test_cli_argument_errors(tmp_path, args, message):
+    (tmp_path / "c.txt").write_text("text")
+    args = [a.format(c=tmp_path / "c.txt", out=tmp_path / "out") for a in args]
+    assert_error(run_cli(*args), message, code=2)
+    assert not (tmp_path / "out").exists()
+
+
 def test_malformed_jsonl_mid_stream_reports_line_and_cleans_up(tmp_path, monkeypatch):
-    # In-process (the tokenizer is already loaded) but through main() and a real pool: the reader runs in
-    # the pool's feeder thread, and its error must still come back as the one-line exit message.
+    # In-process (the tokenizer is already loaded) but through main() and a real pool: the reader's error, raised
+    # while batches are in flight, must still come back as the one-line exit message.
     path = tmp_path / "c.jsonl"
-    n_good = fineweb.BATCH_DOCS + 100  # a full batch is tokenised and written before the reader fails
+    # More batches than are in flight with 2 workers: some are tokenised and written before the reader fails.
+    n_good = fineweb.BATCH_DOCS * (2 * fineweb.IN_FLIGHT_PER_WORKER + 2) + 100
     good = "".join(json.dumps({"text": d}) + "\n" for d in (DOCS * n_good)[:n_good])
     path.write_text(good + '{"text": "cut off\n' + good)
     out = tmp_path / "out"
@@ -428,6 +558,68 @@ def test_cli_help_states_the_rules():
     assert "separated by two or more consecutive blank lines" in text
     assert "If the whole corpus fits in one shard" in text
     assert "--overwrite" in text and "edu_fineweb10B" in text
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Stopped runs: signals and dead workers
+
+
+@pytest.fixture(scope="module")
+def big_corpus(tmp_path_factory):
+    """input.txt 30 times (~33 MB): seconds of tokenising, time to stop a run midway."""
+    path = tmp_path_factory.mktemp("big") / "big.txt"
+    path.write_text("\n\n\n".join([(ROOT / "input.txt").read_text()] * 30))
+    return path
+
+
+def start_run(corpus, out, *args):
+    """fineweb.py with 2 workers in a session of its own (a signal to its group is a terminal's Ctrl-C), returned
+    once it has written a shard."""
+    proc = subprocess.Popen([sys.executable, str(ROOT / "fineweb.py"), "--local", str(corpus), "--out_dir", str(out),
+                             "--shard_size", "100_000", "--workers", "2", "--no_progress", *args], cwd=ROOT,
+                            env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not list(out.glob("*.npy")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.02)
+    return proc
+
+
+def assert_stopped_cleanly(proc, out, message, within=30):
+    """The run ends within `within` seconds, non-zero, with exactly one line on stderr, and leaves nothing."""
+    try:
+        _, err = proc.communicate(timeout=within)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail(f"still running {within} s later")
+    assert proc.returncode != 0
+    assert err.strip().splitlines() == [err.strip()] and err.startswith(message), err
+    assert not any(out.iterdir())
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "Ctrl-C"])
+def test_stopping_a_run_removes_its_shards(tmp_path, big_corpus, how):
+    out = tmp_path / "out"
+    proc = start_run(big_corpus, out)
+    if how == "SIGTERM":
+        os.kill(proc.pid, signal.SIGTERM)  # the parent only, as `kill` does
+    else:
+        os.killpg(proc.pid, signal.SIGINT)  # the whole group, workers too, as a terminal does
+    assert_stopped_cleanly(proc, out, f"fineweb.py: interrupted ({'SIGTERM' if how == 'SIGTERM' else 'SIGINT'}); "
+                                      f"the shards written so far were removed")
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_a_killed_worker_ends_the_run(tmp_path, big_corpus, start_method):
+    if start_method not in fineweb.multiprocessing.get_all_start_methods():
+        pytest.skip(f"no {start_method} here")
+    out = tmp_path / "out"
+    proc = start_run(big_corpus, out, "--start_method", start_method)
+    workers = [p for p in psutil.Process(proc.pid).children() if "resource_tracker" not in " ".join(p.cmdline())]
+    workers[0].kill()  # SIGKILL, as the out-of-memory killer does
+    assert_stopped_cleanly(proc, out, "fineweb.py: error: a tokenizer worker died (killed by a signal")
 
 
 def test_import_has_no_side_effects_and_no_torch():
