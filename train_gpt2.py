@@ -191,6 +191,50 @@ def get_tokenizer(vocab_file: str | os.PathLike = GPT2_VOCAB_FILE):
     )
 
 
+# --- char tokenizer (fineweb-robust) ---
+class CharTokenizer:
+    """One token per character: id i is chars[i] (`fineweb.py --tokenizer char`). The interface is the part of
+    GPT-2's encoding that fineweb.py and sampling use; there is no <|endoftext|>: documents end in a blank line."""
+
+    name = "char"
+    eot_token = None
+
+    def __init__(self, chars: str):
+        if not chars or list(chars) != sorted(set(chars)):
+            raise ValueError("a CharTokenizer's vocabulary must be a non-empty string of sorted, unique characters")
+        self.chars = chars
+        self.n_vocab = len(chars)
+        self._ids = {c: i for i, c in enumerate(chars)}
+
+    def encode_ordinary(self, text: str) -> list[int]:
+        try:
+            return [self._ids[c] for c in text]
+        except KeyError as e:
+            raise ValueError(f"character {e.args[0]!r} is not in the vocabulary of {self.n_vocab} characters") from None
+
+    def encode(self, text: str, **kwargs) -> list[int]:
+        """Same as encode_ordinary: GPT-2's special tokens (allowed_special=...) do not exist here."""
+        return self.encode_ordinary(text)
+
+    def decode(self, ids) -> str:
+        ids = [int(i) for i in ids]  # numpy and torch integers too
+        bad = next((i for i in ids if not 0 <= i < self.n_vocab), None)
+        if bad is not None:
+            raise ValueError(f"token id {bad} is not in 0..{self.n_vocab - 1}")
+        return "".join(self.chars[i] for i in ids)
+
+
+def tokenizer_from_manifest(info: dict):
+    """The tokenizer a fineweb.py manifest.json names: GPT-2's (also when it names none) or a CharTokenizer."""
+    kind = info.get("tokenizer", "gpt2")
+    if kind == "gpt2":
+        return get_tokenizer()
+    if kind == "char" and isinstance(info.get("vocab"), str):
+        return CharTokenizer(info["vocab"])
+    raise ValueError(f"manifest tokenizer {kind!r}: expected 'gpt2', or 'char' with its 'vocab' string")
+# --- end char tokenizer ---
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Model
 

@@ -3,6 +3,7 @@
 import hashlib
 import json
 import os
+import pickle
 import resource
 import signal
 import subprocess
@@ -312,6 +313,32 @@ def test_interrupt_just_after_the_manifest_leaves_nothing(tmp_path, enc, monkeyp
     with pytest.raises(KeyboardInterrupt):
         fineweb.run_pipeline(DOCS, tmp_path, "p", 16, enc)
     assert not any(tmp_path.iterdir())  # shards and the manifest are found by name and removed
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The char tokenizer (train_gpt2.CharTokenizer)
+
+
+def test_char_tokenizer_and_tokenizer_from_manifest():
+    tg = fineweb._train_gpt2()
+    tok = tg.CharTokenizer("\n ab")
+    assert (tok.name, tok.n_vocab, tok.eot_token, tok.chars) == ("char", 4, None, "\n ab")
+    assert tok.encode_ordinary("ab a\n") == [2, 3, 1, 2, 0] == tok.encode("ab a\n", allowed_special="all")
+    assert tok.decode(np.array([2, 3, 0], np.uint16)) == "ab\n"
+    assert pickle.loads(pickle.dumps(tok)).encode_ordinary("ba") == [3, 2]  # pool workers receive it pickled
+    with pytest.raises(ValueError, match="character 'c' is not in the vocabulary"):
+        tok.encode_ordinary("abc")
+    with pytest.raises(ValueError, match="token id 4 is not in 0..3"):
+        tok.decode([4])
+    for chars in ("ba", "aa", ""):
+        with pytest.raises(ValueError, match="sorted, unique"):
+            tg.CharTokenizer(chars)
+    assert tg.tokenizer_from_manifest({"tokenizer": "gpt2"}) is tg.get_tokenizer()
+    assert tg.tokenizer_from_manifest({}) is tg.get_tokenizer()  # manifests from before the key existed
+    assert tg.tokenizer_from_manifest({"tokenizer": "char", "vocab": "ab"}).chars == "ab"
+    for info in ({"tokenizer": "char"}, {"tokenizer": "bpe"}):
+        with pytest.raises(ValueError, match="expected 'gpt2', or 'char'"):
+            tg.tokenizer_from_manifest(info)
 
 
 # ----------------------------------------------------------------------------------------------------------
