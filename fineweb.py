@@ -1,15 +1,18 @@
 """
-Pre-tokenise a text corpus with the GPT-2 tokenizer into uint16 .npy shards for train_gpt2.py.
+Pre-tokenise a text corpus with the GPT-2 tokenizer (or one token per character) into uint16 .npy shards
+for train_gpt2.py.
 
     python fineweb.py                          # FineWeb-Edu sample-10BT (streamed) -> edu_fineweb10B/
     python fineweb.py --local input.txt        # the built-in Shakespeare corpus -> data/input/
     python fineweb.py --local a.jsonl b.parquet --out_dir data/mine --prefix mine
+    python fineweb.py --local input.txt --tokenizer char --out_dir data/shakespeare_char
 
-Every document becomes <|endoftext|> followed by its tokens; the token stream is cut into shards of
---shard_size tokens named {prefix}_{split}_{index:06d}.npy. Shard 000000 is the validation split, the rest
-are train; a document may span any number of shards and the last shard holds the remainder. A corpus that
-fits in one shard is split in two instead (see --help). manifest.json, written last, lists the shards. A run
-that fails or is stopped (Ctrl-C, SIGTERM, a dead worker) removes what it wrote.
+Every document becomes <|endoftext|> followed by its tokens (with --tokenizer char: its characters followed
+by a blank line); the token stream is cut into shards of --shard_size tokens named
+{prefix}_{split}_{index:06d}.npy. Shard 000000 is the validation split, the rest are train; a document may span
+any number of shards and the last shard holds the remainder. A corpus that fits in one shard is split in two
+instead (see --help). manifest.json, written last, lists the shards. A run that fails or is stopped (Ctrl-C,
+SIGTERM, a dead worker) removes what it wrote.
 
 Importing this module does nothing but define things; workers are plain top-level functions, so the
 `spawn` start method (macOS, Windows) works as well as `fork`.
@@ -18,6 +21,7 @@ Importing this module does nothing but define things; workers are plain top-leve
 from __future__ import annotations
 
 import argparse
+import array
 import codecs
 import collections
 import contextlib
@@ -50,6 +54,9 @@ DEFAULT_SHARD_SIZE = 100_000_000
 MANIFEST = "manifest.json"
 DTYPE = np.uint16  # GPT-2 ids are < 50257 < 2**16: half the disk and RAM of int32
 LOCAL_EXTENSIONS = (".txt", ".jsonl", ".parquet")
+TOKENIZERS = ("gpt2", "char")
+# The char tokenizer has no <|endoftext|>: each document is followed by a blank line instead.
+DOC_SEPARATOR = "\n\n"
 
 # A corpus that fits in one shard still needs a val and a train split: val takes about this fraction of it.
 SMALL_VAL_FRACTION = 0.1
@@ -259,7 +266,7 @@ def batch_documents(
 
 
 def _train_gpt2():
-    """train_gpt2 (tokenizer, shard names, atomic writes), imported on first use rather than at the top: it
+    """train_gpt2 (tokenizers, shard names, atomic writes), imported on first use rather than at the top: it
     imports torch (~2 s), and every spawned worker re-imports this module; workers receive the encoding itself
     instead (see _init_worker)."""
     import train_gpt2
@@ -267,9 +274,20 @@ def _train_gpt2():
     return train_gpt2
 
 
-def load_tokenizer():
-    """The offline GPT-2 encoding of train_gpt2."""
-    return _train_gpt2().get_tokenizer()
+def load_tokenizer(chars: Optional[str] = None):
+    """The offline GPT-2 encoding of train_gpt2, or its CharTokenizer over chars."""
+    return _train_gpt2().get_tokenizer() if chars is None else _train_gpt2().CharTokenizer(chars)
+
+
+def corpus_characters(docs: Iterable[str]) -> str:
+    """The char tokenizer's vocabulary: the documents' distinct characters and DOC_SEPARATOR's, sorted."""
+    chars = set(DOC_SEPARATOR)
+    for doc in docs:
+        chars.update(doc)
+    if len(chars) > 2**16:
+        raise CorpusError(f"the corpus has {len(chars):,} distinct characters, more than the 65,536 ids of a uint16 "
+                          f"shard; use --tokenizer gpt2")
+    return "".join(sorted(chars))
 
 
 STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
@@ -304,16 +322,23 @@ def _init_worker(enc) -> None:
 
 
 def encode_documents(enc, docs: list[str]) -> list[np.ndarray]:
-    """[<|endoftext|>] + tokens of each document, as uint16 arrays."""
+    """Each document's ids as a uint16 array: <|endoftext|> then its tokens, or (a tokenizer without an
+    end-of-text token: char) its tokens then DOC_SEPARATOR's."""
     out = []
     # A plain loop, not enc.encode_ordinary_batch: tiktoken 0.14's encode_ordinary keeps the GIL, so the
     # batch call's thread pool only adds overhead (about 2x slower here; `python bench.py --only fineweb` measures
     # it). Parallelism comes from the worker processes instead.
     for doc in docs:
-        tokens = enc.encode_ordinary(doc)
-        ids = np.empty(len(tokens) + 1, dtype=np.uint32)
-        ids[0] = enc.eot_token
-        ids[1:] = tokens
+        if enc.eot_token is None:
+            try:
+                ids = np.array(enc.encode_ordinary(doc + DOC_SEPARATOR), dtype=np.uint32)
+            except ValueError as e:  # the vocabulary was read from these files in a first pass
+                raise CorpusError(f"{e}; did an input file change during the run?") from None
+        else:
+            tokens = enc.encode_ordinary(doc)
+            ids = np.empty(len(tokens) + 1, dtype=np.uint32)
+            ids[0] = enc.eot_token
+            ids[1:] = tokens
         if ids.max() >= 2**16:
             raise ValueError(f"token id {int(ids.max())} does not fit in uint16")
         out.append(ids.astype(DTYPE))
@@ -362,15 +387,15 @@ def tokenize_documents(
 # Writing shards
 
 
-def small_corpus_val_size(tokens: np.ndarray, eot: int) -> int:
-    """How many leading tokens of a one-shard corpus go to val (see SMALL_RULE)."""
-    n = len(tokens)
+def small_corpus_val_size(n: int, doc_starts: np.ndarray) -> int:
+    """How many of the n tokens of a one-shard corpus go to val (see SMALL_RULE); doc_starts: where each document
+    begins."""
     if n < 2:
         raise CorpusError(f"the corpus has {n} token(s); a val and a train split need at least 2")
     target = min(max(round(n * SMALL_VAL_FRACTION), 1), n - 1)
     lo = max(math.ceil(n * SMALL_VAL_WINDOW[0]), 1)
     hi = min(math.floor(n * SMALL_VAL_WINDOW[1]), n - 1)
-    starts = np.flatnonzero(tokens == eot)  # every document starts with <|endoftext|>
+    starts = np.asarray(doc_starts)
     starts = starts[(starts >= lo) & (starts <= hi)]
     if len(starts):
         return int(starts[np.argmin(np.abs(starts - target))])
@@ -380,22 +405,26 @@ def small_corpus_val_size(tokens: np.ndarray, eot: int) -> int:
 class ShardWriter:
     """Packs token arrays into shards of shard_size tokens; a document may span any number of shards."""
 
-    def __init__(self, out_dir: str | os.PathLike, prefix: str, shard_size: int, eot: int):
+    def __init__(self, out_dir: str | os.PathLike, prefix: str, shard_size: int):
         if shard_size < 1:
             raise ValueError("shard_size must be positive")
         self.out_dir = Path(out_dir)
         self.prefix = prefix
         self.shard_size = shard_size
-        self.eot = eot
         self.shards: list[dict] = []  # {"file", "split", "tokens"} per shard written
         self.docs = 0
         self.tokens = 0
         self.small_split: Optional[dict] = None  # set when a one-shard corpus was split into val + train
         self._buf = np.empty(min(shard_size, 1 << 20), dtype=DTYPE)  # grows to shard_size when needed
         self._fill = 0
+        # Where documents start, for the val/train cut of a small corpus: only while the corpus may still be
+        # small and only where the cut may fall (None once a full shard is written).
+        self._doc_starts: Optional[array.array] = array.array("q")
 
     def add(self, tokens: np.ndarray) -> None:
-        """Append one document's tokens ([<|endoftext|>] + text)."""
+        """Append one document's tokens (as encode_documents makes them)."""
+        if self._doc_starts is not None and self.tokens <= SMALL_VAL_WINDOW[1] * self.shard_size:
+            self._doc_starts.append(self.tokens)
         self.docs += 1
         self.tokens += len(tokens)
         pos = 0
@@ -404,6 +433,7 @@ class ShardWriter:
                 # Flush only now that more tokens exist: a corpus of exactly one shard is still "small".
                 self._write(self._buf[: self._fill])
                 self._fill = 0
+                self._doc_starts = None
             take = min(len(tokens) - pos, self.shard_size - self._fill)
             if self._fill + take > len(self._buf):
                 grown = np.empty(min(self.shard_size, max(2 * len(self._buf), self._fill + take)), dtype=DTYPE)
@@ -419,11 +449,11 @@ class ShardWriter:
             if self._fill == 0:
                 raise CorpusError("no documents: the corpus is empty")
             data = self._buf[: self._fill]
-            n_val = small_corpus_val_size(data, self.eot)
+            n_val = small_corpus_val_size(self._fill, np.frombuffer(self._doc_starts, dtype=np.int64))
             self.small_split = {
                 "val_tokens": n_val,
                 "train_tokens": self._fill - n_val,
-                "at_document_boundary": bool(data[n_val] == self.eot),
+                "at_document_boundary": n_val in self._doc_starts,
             }
             self._write(data[:n_val])
             self._write(data[n_val:])
@@ -519,14 +549,29 @@ def write_manifest(out_dir: str | os.PathLike, manifest: dict) -> Path:
     return path
 
 
+def dataset_name(source: dict) -> str:
+    """The manifest's "dataset": "fineweb-edu" for the hub's FineWeb-Edu (plots draw GPT-2's reference lines only
+    for it), another hub dataset's name, or "local"."""
+    if source.get("type") != "hub":
+        return "local"
+    return "fineweb-edu" if source.get("dataset") == DEFAULT_DATASET else str(source.get("dataset"))
+
+
 def build_manifest(writer: ShardWriter, enc, source: dict) -> dict:
-    """What a reader needs to trust the shards: tokenizer, dtype, files and their token counts, origin."""
+    """What a reader needs to trust the shards: tokenizer, dtype, files and their token counts, origin.
+    train_gpt2.tokenizer_from_manifest(manifest) rebuilds the tokenizer."""
+    if enc.eot_token is None:
+        layout, vocab = f"its tokens followed by those of {DOC_SEPARATOR!r}; id i is vocab[i]", {"vocab": enc.chars}
+    else:
+        layout, vocab = "<|endoftext|> followed by its tokens", {}
     return {
         "tokenizer": enc.name,
         "vocab_size": enc.n_vocab,
         "eot_token": enc.eot_token,
+        **vocab,
         "dtype": np.dtype(DTYPE).name,
-        "format": "npy: a 1-D array per shard; each document is <|endoftext|> followed by its tokens",
+        "format": f"npy: a 1-D array per shard; each document is {layout}",
+        "dataset": dataset_name(source),
         "source": source,
         "shard_size": writer.shard_size,
         "small_corpus_split": writer.small_split,
@@ -552,7 +597,7 @@ def run_pipeline(
     On any failure or interrupt this prefix's shards, temp files and manifest are deleted, so a directory never
     holds a partial corpus (found by name, so a file cut short mid-rename goes too).
     """
-    writer = ShardWriter(out_dir, prefix, shard_size, enc.eot_token)
+    writer = ShardWriter(out_dir, prefix, shard_size)
     bar = None
     if progress:
         from tqdm import tqdm
@@ -611,13 +656,18 @@ def available_cpus() -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fineweb.py",
-        description="Tokenise a corpus with GPT-2 into uint16 .npy shards (shard 000000 = val, the rest = train).",
+        description="Tokenise a corpus with GPT-2 (or by character) into uint16 .npy shards (shard 000000 = val, "
+                    "the rest = train).",
         allow_abbrev=False,  # --out must not silently mean --out_dir
         epilog="\n\n".join(textwrap.fill(p, 100) for p in (
             f"Documents. {TXT_RULE} A .jsonl file holds one JSON object per line and a .parquet file a table; "
             f"the document is the --text_field value. A UTF-8 byte-order mark at the start of a file is not text. "
             f"Documents with no visible text are skipped. Each document is written as <|endoftext|> followed by its "
             f"tokens.",
+            f"Tokenizers. gpt2 (default): GPT-2's BPE, 50,257 ids. char: one id per character, the vocabulary being "
+            f"the corpus's distinct characters, sorted (read in a first pass, so --local only); each document is "
+            f"written as its characters followed by a blank line ({DOC_SEPARATOR!r}), and the manifest records the "
+            f"vocabulary.",
             f"Small corpus. {SMALL_RULE}",
             f"Output. {{prefix}}_val_000000.npy, {{prefix}}_train_000001.npy, ... and {MANIFEST} (tokenizer, "
             f"dtype, per-shard token counts, source), each written atomically, the manifest last. An --out_dir "
@@ -634,6 +684,8 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--split", default=DEFAULT_SPLIT, help="hub dataset split (default: %(default)s)")
     src.add_argument("--text_field", default="text", help="field/column with the text (default: %(default)s)")
     out = parser.add_argument_group("output")
+    out.add_argument("--tokenizer", choices=TOKENIZERS, default="gpt2",
+                     help="gpt2, or char: one token per character, --local only (default: %(default)s)")
     out.add_argument("--out_dir", type=_path, help=f"default: {DEFAULT_OUT_DIR.name}/ next to this script for the "
                      "hub, data/{prefix}/ for --local")
     out.add_argument("--prefix", help=f"shard name prefix (default: {DEFAULT_PREFIX} for the hub, the first "
@@ -686,6 +738,8 @@ def main(argv=None) -> dict:
         describe = f"{args.dataset} ({args.name}, {args.split})"
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", prefix):
         parser.error(f"--prefix {prefix!r}: use letters, digits, '.', '_' and '-' (no path separators)")
+    if args.tokenizer == "char" and not args.local:
+        parser.error("--tokenizer char needs --local files (its vocabulary is read from them before tokenising)")
 
     try:
         with interrupts_raise():
@@ -702,10 +756,14 @@ def main(argv=None) -> dict:
             if first is None:
                 raise CorpusError(f"no documents in {describe} (empty, or only blank text)")
             docs = itertools.chain([first], docs)
+            chars = None
+            if args.tokenizer == "char":  # a first pass, before old files are removed: a bad line fails here
+                chars = corpus_characters(iter_documents(args.local, args.text_field))
+                print(f"char tokenizer: {len(chars)} distinct characters")
             if stale:
                 print(f"--overwrite: removed {remove_outputs(out_dir, prefix)} old file(s) from {out_dir}")
             print(f"tokenizing {describe} -> {out_dir}/{prefix}_*.npy with {args.workers} worker(s)")
-            manifest = run_pipeline(docs, out_dir, prefix, args.shard_size, load_tokenizer(), args.workers,
+            manifest = run_pipeline(docs, out_dir, prefix, args.shard_size, load_tokenizer(chars), args.workers,
                                     args.start_method, source, progress=not args.no_progress)
     except CorpusError as e:
         raise SystemExit(f"fineweb.py: error: {e}") from None

@@ -11,3 +11,8 @@ def child_env() -> dict:
     for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
     return env
+
+
+def many_characters(n: int) -> str:
+    """Code points U+0100 onwards, n of them less the surrogates (which UTF-8 cannot encode) among them."""
+    return "".join(chr(c) for c in range(0x100, 0x100 + n) if not 0xD800 <= c < 0xE000)

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from train_gpt2 import GPT, GPTConfig
-from helpers import child_env
+from helpers import child_env, many_characters
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -124,6 +124,10 @@ CASES = [
     fineweb("--out_dir on a full disk", "words.txt", "--workers", "1", "--no_progress", file_size_limit=4096,
             message="(File too large); free some space or choose another --out_dir"),
     fineweb("abbreviated option", "doc.txt", "--out", "{out}", message="unrecognized arguments: --out"),
+    Case("fineweb.py", "--tokenizer char without --local", ("--tokenizer", "char", "--out_dir", "{out}"),
+         "--tokenizer char needs --local files"),
+    fineweb("--tokenizer char on over 65,536 distinct characters", "many_chars.txt", "--tokenizer", "char",
+            message="more than the 65,536 ids of a uint16 shard"),
     # hellaswag.py
     hellaswag("--data file that does not exist", "missing.jsonl", "other_shape.pt", message="does not exist"),
     hellaswag("malformed jsonl", "malformed.jsonl", "other_shape.pt", message="malformed.jsonl:1:"),
@@ -191,6 +195,7 @@ def make_inputs(d: Path) -> Path:
     (d / "read_only").mkdir()
     (d / "read_only").chmod(0o555)
     (d / "words.txt").write_text("word " * 3000)  # val ~0.7 kB, train ~5.5 kB: the train shard fills the disk
+    (d / "many_chars.txt").write_text(many_characters(70_000))
     (d / "other_corpus").mkdir()
     np.save(d / "other_corpus" / "other_val_000000.npy", tokens(10))
 

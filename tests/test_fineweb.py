@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 import fineweb
-from helpers import child_env
+from helpers import child_env, many_characters
 
 ROOT = Path(__file__).resolve().parents[1]
 EOT = 50256
@@ -191,7 +191,7 @@ def test_shard_writer_conserves_tokens(tmp_path, shard_size, crossings):
     lengths = [7, 25, 4, 9]  # 45 tokens; the 25-token document crosses `crossings` shard boundaries
     assert max_boundaries_crossed(lengths, shard_size) == crossings
     docs = [np.concatenate([[EOT], rng.integers(0, EOT, n - 1)]).astype(np.uint16) for n in lengths]
-    writer = fineweb.ShardWriter(tmp_path, "t", shard_size, EOT)
+    writer = fineweb.ShardWriter(tmp_path, "t", shard_size)
     for d in docs:
         writer.add(d)
     shards = writer.close()
@@ -204,7 +204,7 @@ def test_shard_writer_conserves_tokens(tmp_path, shard_size, crossings):
 
 
 def test_document_longer_than_two_shards(tmp_path):
-    writer = fineweb.ShardWriter(tmp_path, "t", 4, EOT)
+    writer = fineweb.ShardWriter(tmp_path, "t", 4)
     writer.add(np.array([EOT, 1, 2], np.uint16))
     writer.add(np.array([EOT] + list(range(10, 21)), np.uint16))  # 12 tokens: shards 0..3
     shards = writer.close()
@@ -231,30 +231,40 @@ def test_pipeline_conserves_tokens_across_boundaries(tmp_path, enc, crossings):
 
 def test_exactly_one_shard_is_a_small_corpus_and_one_more_token_is_not(tmp_path):
     doc = np.array([EOT] + list(range(1, 20)), np.uint16)  # 20 tokens
-    one = fineweb.ShardWriter(tmp_path / "one", "t", 20, EOT)
+    one = fineweb.ShardWriter(tmp_path / "one", "t", 20)
     one.add(doc)
     assert [s["tokens"] for s in one.close()] == [2, 18]  # 10% of 20, mid-document
-    two = fineweb.ShardWriter(tmp_path / "two", "t", 19, EOT)
+    two = fineweb.ShardWriter(tmp_path / "two", "t", 19)
     two.add(doc)
     assert [s["tokens"] for s in two.close()] == [19, 1]
 
 
 def test_small_corpus_val_size():
-    def corpus(*doc_lengths):
-        return np.concatenate([[EOT] + [1] * (n - 1) for n in doc_lengths]).astype(np.uint16)
+    def val_size(*doc_lengths):  # documents of these lengths, back to back
+        starts = np.cumsum([0, *doc_lengths[:-1]])
+        return fineweb.small_corpus_val_size(sum(doc_lengths), starts)
 
-    assert fineweb.small_corpus_val_size(corpus(100), EOT) == 10  # one document: cut at 10%
-    assert fineweb.small_corpus_val_size(corpus(12, 88), EOT) == 12  # boundary at 12% is within 5-20%
-    assert fineweb.small_corpus_val_size(corpus(7, 2, 91), EOT) == 9  # the boundary nearest to 10%
-    assert fineweb.small_corpus_val_size(corpus(30, 70), EOT) == 10  # 30% is outside the window
-    assert fineweb.small_corpus_val_size(corpus(2), EOT) == 1  # the smallest corpus still splits
+    assert val_size(100) == 10  # one document: cut at 10%
+    assert val_size(12, 88) == 12  # boundary at 12% is within 5-20%
+    assert val_size(7, 2, 91) == 9  # the boundary nearest to 10%
+    assert val_size(30, 70) == 10  # 30% is outside the window
+    assert val_size(2) == 1  # the smallest corpus still splits
     with pytest.raises(fineweb.CorpusError, match="at least 2"):
-        fineweb.small_corpus_val_size(corpus(1), EOT)
+        val_size(1)
+
+
+def test_small_corpus_cuts_where_a_document_starts_whatever_its_tokens(tmp_path):
+    # Boundaries are where add() was called, not where an <|endoftext|> id is: the char tokenizer has none.
+    writer = fineweb.ShardWriter(tmp_path, "t", 1000)
+    for n in (11, 89):
+        writer.add(np.full(n, 7, np.uint16))
+    assert [s["tokens"] for s in writer.close()] == [11, 89]
+    assert writer.small_split["at_document_boundary"]
 
 
 def test_empty_writer_refuses(tmp_path):
     with pytest.raises(fineweb.CorpusError, match="no documents"):
-        fineweb.ShardWriter(tmp_path, "t", 10, EOT).close()
+        fineweb.ShardWriter(tmp_path, "t", 10).close()
     assert not any(tmp_path.iterdir())
 
 
@@ -274,9 +284,11 @@ def test_input_txt_yields_val_and_train_with_default_shard_size(tmp_path, capsys
                              "--workers", "1", "--no_progress"])
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers  # restored
     assert [s["file"] for s in manifest["shards"]] == ["input_val_000000.npy", "input_train_000001.npy"]
-    # The shards are byte for byte those that np.save wrote before fineweb.py wrote them itself.
+    # The GPT-2 shards are byte for byte those of the earlier fineweb.py (np.save, before the char tokenizer).
     assert [hashlib.sha256((tmp_path / s["file"]).read_bytes()).hexdigest()[:16] for s in manifest["shards"]] == [
         "7a756ad351abc096", "955c2300c3dd94ba"]
+    assert (manifest["tokenizer"], manifest["eot_token"], manifest["dataset"]) == ("gpt2", EOT, "local")
+    assert "vocab" not in manifest
     split = manifest["small_corpus_split"]
     assert split["at_document_boundary"]  # val is the first play
     assert 0.05 <= split["val_tokens"] / manifest["total_tokens"] <= 0.2
@@ -298,8 +310,16 @@ def test_hub_path_streams_a_local_dataset_offline(tmp_path, enc):
                              "--shard_size", "40", "--workers", "1", "--no_progress"])
     assert manifest["source"] == {"type": "hub", "dataset": str(data), "name": "", "split": "train",
                                   "text_field": "text"}
+    assert manifest["dataset"] == str(data)  # a hub dataset other than FineWeb-Edu: its name
     _, stream, _ = read_shards(out)
     assert np.array_equal(stream, expected_stream(enc, DOCS))
+
+
+def test_manifest_dataset_names_fineweb_edu():
+    assert fineweb.dataset_name({"type": "hub", "dataset": "HuggingFaceFW/fineweb-edu", "name": "sample-10BT"}) == (
+        "fineweb-edu")
+    assert fineweb.dataset_name({"type": "hub", "dataset": "HuggingFaceFW/fineweb"}) == "HuggingFaceFW/fineweb"
+    assert fineweb.dataset_name({"type": "local", "files": []}) == "local"
 
 
 def test_interrupt_just_after_the_manifest_leaves_nothing(tmp_path, enc, monkeypatch):
@@ -316,7 +336,12 @@ def test_interrupt_just_after_the_manifest_leaves_nothing(tmp_path, enc, monkeyp
 
 
 # ----------------------------------------------------------------------------------------------------------
-# The char tokenizer (train_gpt2.CharTokenizer)
+# The char tokenizer
+
+
+def char_stream(docs):
+    """What --tokenizer char writes: each document's characters, then a blank line."""
+    return "".join(d + "\n\n" for d in docs)
 
 
 def test_char_tokenizer_and_tokenizer_from_manifest():
@@ -339,6 +364,51 @@ def test_char_tokenizer_and_tokenizer_from_manifest():
     for info in ({"tokenizer": "char"}, {"tokenizer": "bpe"}):
         with pytest.raises(ValueError, match="expected 'gpt2', or 'char'"):
             tg.tokenizer_from_manifest(info)
+
+
+def test_char_input_txt_has_77_characters_and_splits_at_a_play(tmp_path):
+    manifest = fineweb.main(["--local", str(ROOT / "input.txt"), "--tokenizer", "char", "--out_dir", str(tmp_path),
+                             "--workers", "1", "--no_progress"])
+    vocab = manifest["vocab"]
+    assert (manifest["tokenizer"], manifest["vocab_size"], len(vocab), manifest["eot_token"]) == ("char", 77, 77, None)
+    assert list(vocab) == sorted(set(vocab)) and "\n" in vocab
+    _, stream, _ = read_shards(tmp_path)
+    docs = list(fineweb.iter_documents([ROOT / "input.txt"]))
+    tok = fineweb._train_gpt2().tokenizer_from_manifest(manifest)
+    assert tok.decode(stream) == char_stream(docs)
+    assert manifest["small_corpus_split"]["at_document_boundary"]
+    assert manifest["small_corpus_split"]["val_tokens"] == len(char_stream(docs[:1]))  # val is the first play
+
+
+def test_cli_char_round_trips_with_spawned_workers(tmp_path):
+    path = tmp_path / "c.jsonl"  # .jsonl: documents are taken as they are, surrounding whitespace included
+    path.write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCS * 3))
+    out = tmp_path / "out"
+    proc = run_cli("--local", path, "--out_dir", out, "--tokenizer", "char", "--shard_size", "300",
+                   "--workers", 2, "--start_method", "spawn", "--no_progress")
+    assert proc.returncode == 0, proc.stderr
+    manifest, stream, _ = read_shards(out)
+    check_layout(manifest, "c", 300)
+    assert manifest["vocab"] == "".join(sorted(set(char_stream(DOCS))))
+    assert (manifest["dataset"], manifest["eot_token"]) == ("local", None)
+    assert manifest["vocab_size"] == len(manifest["vocab"])
+    assert fineweb.load_tokenizer(manifest["vocab"]).decode(stream) == char_stream(DOCS * 3)
+
+
+def test_char_small_corpus_cuts_at_a_document_start(tmp_path):
+    docs = ["a" * 12, "b" * 86]  # with their blank lines: 14 + 88 characters, a boundary at 13.7%
+    manifest = fineweb.run_pipeline(docs, tmp_path, "p", 1000, fineweb.load_tokenizer("\nab"))
+    assert manifest["small_corpus_split"] == {"val_tokens": 14, "train_tokens": 88, "at_document_boundary": True}
+
+
+def test_char_refuses_more_characters_than_uint16_holds(tmp_path):
+    path = tmp_path / "many.txt"
+    path.write_text(many_characters(70_000))
+    with pytest.raises(SystemExit) as exc:
+        fineweb.main(["--local", str(path), "--tokenizer", "char", "--out_dir", str(tmp_path / "out")])
+    assert exc.value.code.startswith("fineweb.py: error: the corpus has 67,953 distinct characters, more than the "
+                                     "65,536 ids of a uint16 shard")
+    assert not (tmp_path / "out").exists()
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -532,6 +602,7 @@ def test_cli_full_disk_removes_what_was_written(tmp_path):
         (["--local", "{c}", "--out", "{out}"], "unrecognized arguments: --out"),  # no prefix abbreviations
         (["--local", "{c}", "--out_dir", ""], "argument --out_dir: empty path"),
         (["--local", ""], "argument --local: empty path"),
+        (["--tokenizer", "char"], "--tokenizer char needs --local files"),
     ],
 )
 def test_cli_argument_errors(tmp_path, args, message):
