@@ -1,14 +1,18 @@
 """
-Pre-tokenise a text corpus with the GPT-2 tokenizer into uint16 .npy shards for train_gpt2.py.
+Pre-tokenise a text corpus with the GPT-2 tokenizer (or one token per character) into uint16 .npy shards
+for train_gpt2.py.
 
     python fineweb.py                          # FineWeb-Edu sample-10BT (streamed) -> edu_fineweb10B/
     python fineweb.py --local input.txt        # the built-in Shakespeare corpus -> data/input/
     python fineweb.py --local a.jsonl b.parquet --out_dir data/mine --prefix mine
+    python fineweb.py --local input.txt --tokenizer char --out_dir data/shakespeare_char
 
-Every document becomes <|endoftext|> followed by its tokens; the token stream is cut into shards of
---shard_size tokens named {prefix}_{split}_{index:06d}.npy. Shard 000000 is the validation split, the rest
-are train; a document may span any number of shards and the last shard holds the remainder. A corpus that
-fits in one shard is split in two instead (see --help). manifest.json, written last, lists the shards.
+Every document becomes <|endoftext|> followed by its tokens (with --tokenizer char: its characters followed
+by a blank line); the token stream is cut into shards of --shard_size tokens named
+{prefix}_{split}_{index:06d}.npy. Shard 000000 is the validation split, the rest are train; a document may span
+any number of shards and the last shard holds the remainder. A corpus that fits in one shard is split in two
+instead (see --help). manifest.json, written last, lists the shards. A run that fails or is stopped (Ctrl-C,
+SIGTERM, a dead worker) removes what it wrote.
 
 Importing this module does nothing but define things; workers are plain top-level functions, so the
 `spawn` start method (macOS, Windows) works as well as `fork`.
@@ -17,14 +21,23 @@ Importing this module does nothing but define things; workers are plain top-leve
 from __future__ import annotations
 
 import argparse
+import array
+import codecs
+import collections
+import contextlib
+import errno
 import itertools
 import json
 import math
 import multiprocessing
 import os
 import re
+import signal
+import stat
 import textwrap
 import time
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Iterable, Iterator, Optional
 
@@ -41,6 +54,9 @@ DEFAULT_SHARD_SIZE = 100_000_000
 MANIFEST = "manifest.json"
 DTYPE = np.uint16  # GPT-2 ids are < 50257 < 2**16: half the disk and RAM of int32
 LOCAL_EXTENSIONS = (".txt", ".jsonl", ".parquet")
+TOKENIZERS = ("gpt2", "char")
+# The char tokenizer has no <|endoftext|>: each document is followed by a blank line instead.
+DOC_SEPARATOR = "\n\n"
 
 # A corpus that fits in one shard still needs a val and a train split: val takes about this fraction of it.
 SMALL_VAL_FRACTION = 0.1
@@ -51,6 +67,7 @@ SMALL_VAL_WINDOW = (0.05, 0.2)
 # that a few batches per worker are in flight.
 BATCH_CHARS = 1 << 18
 BATCH_DOCS = 1024
+IN_FLIGHT_PER_WORKER = 2  # batches submitted ahead per worker: keeps workers busy, bounds memory
 
 TXT_RULE = (
     "A .txt file (UTF-8) holds documents separated by two or more consecutive blank lines (lines with "
@@ -84,7 +101,8 @@ def iter_txt_documents(path: str | os.PathLike, chunk_chars: int = 1 << 20) -> I
     tail = ""  # whitespace at the end of what was read: it may begin a separator, so it joins the next chunk
     lines = 0
     try:
-        with open(path, encoding="utf-8") as f:  # universal newlines: \r\n and \r read as \n
+        # utf-8-sig: a byte-order mark at the very start is not text; universal newlines: \r\n and \r read as \n
+        with open(path, encoding="utf-8-sig") as f:
             while chunk := f.read(chunk_chars):
                 lines += chunk.count("\n")
                 text = tail + chunk
@@ -124,6 +142,8 @@ def iter_jsonl_documents(path: str | os.PathLike, text_field: str = "text") -> I
     """The text field of each JSON object, one per line (blank lines allowed)."""
     with open(path, "rb") as f:  # bytes, decoded line by line, so an error names the exact line
         for lineno, raw in enumerate(f, 1):
+            if lineno == 1:
+                raw = raw.removeprefix(codecs.BOM_UTF8)  # a byte-order mark starts the file, not the text
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
@@ -181,14 +201,36 @@ def iter_hub_documents(dataset: str, name: Optional[str], split: str, text_field
 READERS = {".txt": iter_txt_documents, ".jsonl": iter_jsonl_documents, ".parquet": iter_parquet_documents}
 
 
+def stat_path(path: str | os.PathLike, name: str) -> Optional[os.stat_result]:
+    """os.stat(path), None if nothing is there; a broken symlink, a symlink loop or a path through a file is a
+    CorpusError starting with name."""
+    try:
+        return os.stat(path)
+    except FileNotFoundError:
+        if os.path.islink(path):
+            raise CorpusError(f"{name}: a symbolic link to {os.readlink(path)}, which does not exist") from None
+        return None
+    except OSError as e:
+        raise CorpusError(f"{name}: cannot use it ({e.strerror})") from None
+
+
 def check_local_files(paths: Iterable[str | os.PathLike]) -> None:
-    """Fail before any work if a file is missing or of a kind we cannot read."""
+    """Fail before any work if a file is missing, unreadable or of a kind we cannot read."""
     for path in paths:
+        st = stat_path(path, str(path))
+        if st is None:
+            raise CorpusError(f"{path}: no such file")
+        if stat.S_ISDIR(st.st_mode):
+            raise CorpusError(f"{path} is a directory; name the files in it (e.g. --local {path}/*.txt)")
         suffix = Path(path).suffix.lower()
         if suffix not in READERS:
             raise CorpusError(f"{path}: unknown file type {suffix or '(none)'!r}; use {', '.join(LOCAL_EXTENSIONS)}")
-        if not Path(path).is_file():
-            raise CorpusError(f"{path}: no such file")
+        if not stat.S_ISREG(st.st_mode):
+            raise CorpusError(f"{path}: not a regular file")
+        try:
+            open(path, "rb").close()
+        except OSError as e:
+            raise CorpusError(f"{path}: cannot read it ({e.strerror})") from None
 
 
 def iter_documents(paths: Iterable[str | os.PathLike], text_field: str = "text") -> Iterator[str]:
@@ -224,7 +266,7 @@ def batch_documents(
 
 
 def _train_gpt2():
-    """train_gpt2 (tokenizer, shard names, atomic writes), imported on first use rather than at the top: it
+    """train_gpt2 (tokenizers, shard names, atomic writes), imported on first use rather than at the top: it
     imports torch (~2 s), and every spawned worker re-imports this module; workers receive the encoding itself
     instead (see _init_worker)."""
     import train_gpt2
@@ -232,30 +274,71 @@ def _train_gpt2():
     return train_gpt2
 
 
-def load_tokenizer():
-    """The offline GPT-2 encoding of train_gpt2."""
-    return _train_gpt2().get_tokenizer()
+def load_tokenizer(chars: Optional[str] = None):
+    """The offline GPT-2 encoding of train_gpt2, or its CharTokenizer over chars."""
+    return _train_gpt2().get_tokenizer() if chars is None else _train_gpt2().CharTokenizer(chars)
+
+
+def corpus_characters(docs: Iterable[str]) -> str:
+    """The char tokenizer's vocabulary: the documents' distinct characters and DOC_SEPARATOR's, sorted."""
+    chars = set(DOC_SEPARATOR)
+    for doc in docs:
+        chars.update(doc)
+    if len(chars) > 2**16:
+        raise CorpusError(f"the corpus has {len(chars):,} distinct characters, more than the 65,536 ids of a uint16 "
+                          f"shard; use --tokenizer gpt2")
+    return "".join(sorted(chars))
+
+
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+@contextlib.contextmanager
+def stop_signals_blocked():
+    """Hold Ctrl-C and SIGTERM back while pool workers may start: a worker inherits the mask, so those signals
+    wait until _init_worker has set its handlers (else Python's default SIGINT handler in a spawned worker, or
+    the parent's handler in a forked one, prints a traceback). The parent still sees them, just after this."""
+    if not hasattr(signal, "pthread_sigmask"):  # Windows
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 _WORKER_ENCODING = None  # set in each pool worker by _init_worker (spawn-safe: passed, not inherited)
 
 
 def _init_worker(enc) -> None:
+    """Pool worker set-up: its tokenizer, and signals left to the parent, which stops the pool and cleans up."""
     global _WORKER_ENCODING
     _WORKER_ENCODING = enc
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group; no traceback per worker
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # fork copies the parent's handler; a worker just ends
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # see stop_signals_blocked
 
 
 def encode_documents(enc, docs: list[str]) -> list[np.ndarray]:
-    """[<|endoftext|>] + tokens of each document, as uint16 arrays."""
+    """Each document's ids as a uint16 array: <|endoftext|> then its tokens, or (a tokenizer without an
+    end-of-text token: char) its tokens then DOC_SEPARATOR's."""
     out = []
     # A plain loop, not enc.encode_ordinary_batch: tiktoken 0.14's encode_ordinary keeps the GIL, so the
     # batch call's thread pool only adds overhead (about 2x slower here; `python bench.py --only fineweb` measures
     # it). Parallelism comes from the worker processes instead.
     for doc in docs:
-        tokens = enc.encode_ordinary(doc)
-        ids = np.empty(len(tokens) + 1, dtype=np.uint32)
-        ids[0] = enc.eot_token
-        ids[1:] = tokens
+        if enc.eot_token is None:
+            try:
+                ids = np.array(enc.encode_ordinary(doc + DOC_SEPARATOR), dtype=np.uint32)
+            except ValueError as e:  # the vocabulary was read from these files in a first pass
+                raise CorpusError(f"{e}; did an input file change during the run?") from None
+        else:
+            tokens = enc.encode_ordinary(doc)
+            ids = np.empty(len(tokens) + 1, dtype=np.uint32)
+            ids[0] = enc.eot_token
+            ids[1:] = tokens
         if ids.max() >= 2**16:
             raise ValueError(f"token id {int(ids.max())} does not fit in uint16")
         out.append(ids.astype(DTYPE))
@@ -273,32 +356,46 @@ def tokenize_batch(docs: list[str]) -> list[np.ndarray]:
 def tokenize_documents(
     docs: Iterable[str], enc, workers: int = 1, start_method: Optional[str] = None
 ) -> Iterator[list[np.ndarray]]:
-    """Token arrays of the documents, in order, one list per batch; workers > 1 uses a process pool."""
+    """Token arrays of the documents, in order, one list per batch; workers > 1 uses a process pool.
+
+    A worker that dies (out-of-memory killer, kill -9) raises BrokenProcessPool here at once: an executor notices
+    a lost worker, where multiprocessing.Pool would wait forever for its task.
+    """
     batches = batch_documents(docs)
     if workers == 1:  # no pool: no start-up cost, and errors surface with their own traceback
         for batch in batches:
             yield encode_documents(enc, batch)
         return
     ctx = multiprocessing.get_context(start_method)
-    with ctx.Pool(workers, initializer=_init_worker, initargs=(enc,)) as pool:
-        # imap keeps document order. It reads `batches` in a pool thread; a CorpusError raised there is
-        # re-raised here (only Exception subclasses are, which is why CorpusError is not a SystemExit).
-        yield from pool.imap(tokenize_batch, batches)
+    pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(enc,))
+    try:
+        # Submitted in order and collected oldest first: document order is kept, and at most
+        # IN_FLIGHT_PER_WORKER batches per worker are in memory. Documents are read here, in the calling thread.
+        pending: collections.deque = collections.deque()
+        for batch in batches:
+            with stop_signals_blocked():  # submit starts the workers
+                pending.append(pool.submit(tokenize_batch, batch))
+            if len(pending) >= IN_FLIGHT_PER_WORKER * workers:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)  # on a failure, queued batches are dropped, not tokenised
 
 
 # ----------------------------------------------------------------------------------------------------------
 # Writing shards
 
 
-def small_corpus_val_size(tokens: np.ndarray, eot: int) -> int:
-    """How many leading tokens of a one-shard corpus go to val (see SMALL_RULE)."""
-    n = len(tokens)
+def small_corpus_val_size(n: int, doc_starts: np.ndarray) -> int:
+    """How many of the n tokens of a one-shard corpus go to val (see SMALL_RULE); doc_starts: where each document
+    begins."""
     if n < 2:
         raise CorpusError(f"the corpus has {n} token(s); a val and a train split need at least 2")
     target = min(max(round(n * SMALL_VAL_FRACTION), 1), n - 1)
     lo = max(math.ceil(n * SMALL_VAL_WINDOW[0]), 1)
     hi = min(math.floor(n * SMALL_VAL_WINDOW[1]), n - 1)
-    starts = np.flatnonzero(tokens == eot)  # every document starts with <|endoftext|>
+    starts = np.asarray(doc_starts)
     starts = starts[(starts >= lo) & (starts <= hi)]
     if len(starts):
         return int(starts[np.argmin(np.abs(starts - target))])
@@ -308,22 +405,26 @@ def small_corpus_val_size(tokens: np.ndarray, eot: int) -> int:
 class ShardWriter:
     """Packs token arrays into shards of shard_size tokens; a document may span any number of shards."""
 
-    def __init__(self, out_dir: str | os.PathLike, prefix: str, shard_size: int, eot: int):
+    def __init__(self, out_dir: str | os.PathLike, prefix: str, shard_size: int):
         if shard_size < 1:
             raise ValueError("shard_size must be positive")
         self.out_dir = Path(out_dir)
         self.prefix = prefix
         self.shard_size = shard_size
-        self.eot = eot
         self.shards: list[dict] = []  # {"file", "split", "tokens"} per shard written
         self.docs = 0
         self.tokens = 0
         self.small_split: Optional[dict] = None  # set when a one-shard corpus was split into val + train
         self._buf = np.empty(min(shard_size, 1 << 20), dtype=DTYPE)  # grows to shard_size when needed
         self._fill = 0
+        # Where documents start, for the val/train cut of a small corpus: only while the corpus may still be
+        # small and only where the cut may fall (None once a full shard is written).
+        self._doc_starts: Optional[array.array] = array.array("q")
 
     def add(self, tokens: np.ndarray) -> None:
-        """Append one document's tokens ([<|endoftext|>] + text)."""
+        """Append one document's tokens (as encode_documents makes them)."""
+        if self._doc_starts is not None and self.tokens <= SMALL_VAL_WINDOW[1] * self.shard_size:
+            self._doc_starts.append(self.tokens)
         self.docs += 1
         self.tokens += len(tokens)
         pos = 0
@@ -332,6 +433,7 @@ class ShardWriter:
                 # Flush only now that more tokens exist: a corpus of exactly one shard is still "small".
                 self._write(self._buf[: self._fill])
                 self._fill = 0
+                self._doc_starts = None
             take = min(len(tokens) - pos, self.shard_size - self._fill)
             if self._fill + take > len(self._buf):
                 grown = np.empty(min(self.shard_size, max(2 * len(self._buf), self._fill + take)), dtype=DTYPE)
@@ -347,11 +449,11 @@ class ShardWriter:
             if self._fill == 0:
                 raise CorpusError("no documents: the corpus is empty")
             data = self._buf[: self._fill]
-            n_val = small_corpus_val_size(data, self.eot)
+            n_val = small_corpus_val_size(self._fill, np.frombuffer(self._doc_starts, dtype=np.int64))
             self.small_split = {
                 "val_tokens": n_val,
                 "train_tokens": self._fill - n_val,
-                "at_document_boundary": bool(data[n_val] == self.eot),
+                "at_document_boundary": n_val in self._doc_starts,
             }
             self._write(data[:n_val])
             self._write(data[n_val:])
@@ -360,19 +462,32 @@ class ShardWriter:
         self._fill = 0
         return self.shards
 
-    def discard(self) -> int:
-        """Delete the shards written so far (after a failure: without a manifest they are unusable)."""
-        for shard in self.shards:
-            (self.out_dir / shard["file"]).unlink(missing_ok=True)
-        n, self.shards = len(self.shards), []
-        return n
-
     def _write(self, tokens: np.ndarray) -> None:
         index = len(self.shards)
         name = _train_gpt2().shard_name(self.prefix, index)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        _train_gpt2().atomic_write(self.out_dir / name, lambda f: np.save(f, tokens, allow_pickle=False))
+        try:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise CorpusError(f"cannot create --out_dir {self.out_dir} ({e.strerror})") from None
+        write_file(self.out_dir / name, lambda f: save_npy(f, tokens))
         self.shards.append({"file": name, "split": "val" if index == 0 else "train", "tokens": int(len(tokens))})
+
+
+def save_npy(f, tokens: np.ndarray) -> None:
+    """The bytes of np.save, written with f.write: numpy's own writer reports a full disk without its errno."""
+    np.lib.format.write_array_header_1_0(f, np.lib.format.header_data_from_array_1_0(tokens))
+    f.write(np.ascontiguousarray(tokens).data)
+
+
+def write_file(path: Path, write) -> None:
+    """train_gpt2.atomic_write (no temp file is left either way); a failure (full disk, read-only directory) is
+    a CorpusError naming the file."""
+    try:
+        _train_gpt2().atomic_write(path, write)
+    except OSError as e:
+        full = e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+        what = "free some space or choose another --out_dir" if full else "choose another --out_dir"
+        raise CorpusError(f"cannot write {path} ({e.strerror or e}); {what}") from None
 
 
 def find_outputs(out_dir: str | os.PathLike, prefix: str) -> tuple[list[Path], list[Path]]:
@@ -392,10 +507,27 @@ def find_outputs(out_dir: str | os.PathLike, prefix: str) -> tuple[list[Path], l
     return ours, others
 
 
+def remove_outputs(out_dir: str | os.PathLike, prefix: str) -> int:
+    """Delete this prefix's shards, temp files and the manifest in out_dir; returns how many."""
+    ours, _ = find_outputs(out_dir, prefix)
+    for path in ours:
+        path.unlink(missing_ok=True)
+    return len(ours)
+
+
 def check_out_dir(out_dir: str | os.PathLike, prefix: str, overwrite: bool) -> list[Path]:
-    """Refuse to mix two corpora in one directory; returns the old files that overwrite will delete."""
-    if Path(out_dir).exists() and not Path(out_dir).is_dir():
-        raise CorpusError(f"--out_dir {out_dir} is a file, not a directory")
+    """Refuse a directory we cannot write in or that holds another corpus; returns the old files that overwrite
+    will delete."""
+    name = f"--out_dir {out_dir}"
+    st = stat_path(out_dir, name)  # a file on the way (a_file/sub) is an error here
+    if st is not None and not stat.S_ISDIR(st.st_mode):
+        raise CorpusError(f"{name} is a file, not a directory")
+    base = Path(out_dir)  # where the first write creates a file: out_dir, or the ancestor mkdir -p starts from
+    while st is None:
+        base = base.parent
+        st = stat_path(base, name)
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise CorpusError(f"{name}: no permission to write in {base}; choose another --out_dir")
     ours, others = find_outputs(out_dir, prefix)
     if others:
         raise CorpusError(
@@ -413,18 +545,33 @@ def check_out_dir(out_dir: str | os.PathLike, prefix: str, overwrite: bool) -> l
 def write_manifest(out_dir: str | os.PathLike, manifest: dict) -> Path:
     """manifest.json beside the shards, written atomically and last: its presence means the run finished."""
     path = Path(out_dir) / MANIFEST
-    _train_gpt2().atomic_write(path, lambda f: f.write((json.dumps(manifest, indent=2) + "\n").encode()))
+    write_file(path, lambda f: f.write((json.dumps(manifest, indent=2) + "\n").encode()))
     return path
 
 
+def dataset_name(source: dict) -> str:
+    """The manifest's "dataset": "fineweb-edu" for the hub's FineWeb-Edu (plots draw GPT-2's reference lines only
+    for it), another hub dataset's name, or "local"."""
+    if source.get("type") != "hub":
+        return "local"
+    return "fineweb-edu" if source.get("dataset") == DEFAULT_DATASET else str(source.get("dataset"))
+
+
 def build_manifest(writer: ShardWriter, enc, source: dict) -> dict:
-    """What a reader needs to trust the shards: tokenizer, dtype, files and their token counts, origin."""
+    """What a reader needs to trust the shards: tokenizer, dtype, files and their token counts, origin.
+    train_gpt2.tokenizer_from_manifest(manifest) rebuilds the tokenizer."""
+    if enc.eot_token is None:
+        layout, vocab = f"its tokens followed by those of {DOC_SEPARATOR!r}; id i is vocab[i]", {"vocab": enc.chars}
+    else:
+        layout, vocab = "<|endoftext|> followed by its tokens", {}
     return {
         "tokenizer": enc.name,
         "vocab_size": enc.n_vocab,
         "eot_token": enc.eot_token,
+        **vocab,
         "dtype": np.dtype(DTYPE).name,
-        "format": "npy: a 1-D array per shard; each document is <|endoftext|> followed by its tokens",
+        "format": f"npy: a 1-D array per shard; each document is {layout}",
+        "dataset": dataset_name(source),
         "source": source,
         "shard_size": writer.shard_size,
         "small_corpus_split": writer.small_split,
@@ -447,9 +594,10 @@ def run_pipeline(
 ) -> dict:
     """Tokenise docs into shards plus manifest.json in out_dir (assumed clear); returns the manifest.
 
-    On any failure the shards written so far are deleted, so a directory never holds a partial corpus.
+    On any failure or interrupt this prefix's shards, temp files and manifest are deleted, so a directory never
+    holds a partial corpus (found by name, so a file cut short mid-rename goes too).
     """
-    writer = ShardWriter(out_dir, prefix, shard_size, enc.eot_token)
+    writer = ShardWriter(out_dir, prefix, shard_size)
     bar = None
     if progress:
         from tqdm import tqdm
@@ -469,7 +617,7 @@ def run_pipeline(
         manifest["seconds"] = round(time.perf_counter() - t0, 3)
         write_manifest(out_dir, manifest)
     except BaseException:
-        writer.discard()
+        remove_outputs(out_dir, prefix)
         raise
     finally:
         stream.close()  # stops the pool now, not whenever the generator is garbage-collected
@@ -492,6 +640,12 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _path(text: str) -> str:
+    if not text:
+        raise argparse.ArgumentTypeError("empty path")
+    return text
+
+
 def available_cpus() -> int:
     try:
         return len(os.sched_getaffinity(0))  # respects container/taskset CPU limits
@@ -502,26 +656,37 @@ def available_cpus() -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fineweb.py",
-        description="Tokenise a corpus with GPT-2 into uint16 .npy shards (shard 000000 = val, the rest = train).",
+        description="Tokenise a corpus with GPT-2 (or by character) into uint16 .npy shards (shard 000000 = val, "
+                    "the rest = train).",
+        allow_abbrev=False,  # --out must not silently mean --out_dir
         epilog="\n\n".join(textwrap.fill(p, 100) for p in (
             f"Documents. {TXT_RULE} A .jsonl file holds one JSON object per line and a .parquet file a table; "
-            f"the document is the --text_field value. Documents with no visible text are skipped. Each document "
-            f"is written as <|endoftext|> followed by its tokens.",
+            f"the document is the --text_field value. A UTF-8 byte-order mark at the start of a file is not text. "
+            f"Documents with no visible text are skipped. Each document is written as <|endoftext|> followed by its "
+            f"tokens.",
+            f"Tokenizers. gpt2 (default): GPT-2's BPE, 50,257 ids. char: one id per character, the vocabulary being "
+            f"the corpus's distinct characters, sorted (read in a first pass, so --local only); each document is "
+            f"written as its characters followed by a blank line ({DOC_SEPARATOR!r}), and the manifest records the "
+            f"vocabulary.",
             f"Small corpus. {SMALL_RULE}",
             f"Output. {{prefix}}_val_000000.npy, {{prefix}}_train_000001.npy, ... and {MANIFEST} (tokenizer, "
             f"dtype, per-shard token counts, source), each written atomically, the manifest last. An --out_dir "
-            f"that already holds shards or a manifest is refused unless --overwrite is given.",
+            f"that already holds shards or a manifest is refused unless --overwrite is given. A run that fails or "
+            f"is stopped (Ctrl-C, SIGTERM, a killed worker, a full disk) removes what it wrote.",
         )),
         formatter_class=lambda prog: argparse.RawDescriptionHelpFormatter(prog, max_help_position=32),
     )
     src = parser.add_argument_group("source (default: FineWeb-Edu sample-10BT from the Hugging Face hub)")
-    src.add_argument("--local", nargs="+", metavar="FILE", help="local .txt, .jsonl or .parquet files, in order")
+    src.add_argument("--local", nargs="+", type=_path, metavar="FILE",
+                     help="local .txt, .jsonl or .parquet files, in order")
     src.add_argument("--dataset", default=DEFAULT_DATASET, help="hub dataset (default: %(default)s)")
     src.add_argument("--name", default=DEFAULT_NAME, help="hub dataset config, '' for none (default: %(default)s)")
     src.add_argument("--split", default=DEFAULT_SPLIT, help="hub dataset split (default: %(default)s)")
     src.add_argument("--text_field", default="text", help="field/column with the text (default: %(default)s)")
     out = parser.add_argument_group("output")
-    out.add_argument("--out_dir", type=Path, help=f"default: {DEFAULT_OUT_DIR.name}/ next to this script for the "
+    out.add_argument("--tokenizer", choices=TOKENIZERS, default="gpt2",
+                     help="gpt2, or char: one token per character, --local only (default: %(default)s)")
+    out.add_argument("--out_dir", type=_path, help=f"default: {DEFAULT_OUT_DIR.name}/ next to this script for the "
                      "hub, data/{prefix}/ for --local")
     out.add_argument("--prefix", help=f"shard name prefix (default: {DEFAULT_PREFIX} for the hub, the first "
                      "file's name for --local)")
@@ -538,6 +703,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@contextlib.contextmanager
+def interrupts_raise():
+    """SIGTERM raises KeyboardInterrupt as Ctrl-C does, so both clean up alike; a second signal is ignored rather
+    than cutting the clean-up short. The previous handlers come back on exit."""
+
+    def handler(signum, frame):
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, signal.SIG_DFL if old is None else old)
+
+
 def main(argv=None) -> dict:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -545,7 +728,7 @@ def main(argv=None) -> dict:
     if args.local:
         prefix = args.prefix or re.sub(r"[^A-Za-z0-9_-]+", "_", Path(args.local[0]).stem) or "corpus"
         out_dir = args.out_dir or HERE / "data" / prefix
-        source = {"type": "local", "files": [str(Path(p).resolve()) for p in args.local], "text_field": args.text_field}
+        source = {"type": "local", "files": None, "text_field": args.text_field}  # files: once they are checked
         describe = ", ".join(args.local)
     else:
         prefix = args.prefix or DEFAULT_PREFIX
@@ -555,31 +738,45 @@ def main(argv=None) -> dict:
         describe = f"{args.dataset} ({args.name}, {args.split})"
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", prefix):
         parser.error(f"--prefix {prefix!r}: use letters, digits, '.', '_' and '-' (no path separators)")
+    if args.tokenizer == "char" and not args.local:
+        parser.error("--tokenizer char needs --local files (its vocabulary is read from them before tokenising)")
 
     try:
-        if args.local:
-            check_local_files(args.local)
-            docs = iter_documents(args.local, args.text_field)
-        else:
-            docs = iter_hub_documents(args.dataset, args.name or None, args.split, args.text_field)
-        stale = check_out_dir(out_dir, prefix, args.overwrite)
-        # Read one document before loading the tokenizer (train_gpt2 imports torch, ~2 s) and starting the
-        # pool: a wrong field, a bad first line or an empty corpus then fails at once.
-        first = next(docs, None)
-        if first is None:
-            raise CorpusError(f"no documents in {describe} (empty, or only blank text)")
-        docs = itertools.chain([first], docs)
-        for path in stale:
-            path.unlink()
-        if stale:
-            print(f"--overwrite: removed {len(stale)} old file(s) from {out_dir}")
-        print(f"tokenizing {describe} -> {out_dir}/{prefix}_*.npy with {args.workers} worker(s)")
-        manifest = run_pipeline(docs, out_dir, prefix, args.shard_size, load_tokenizer(), args.workers,
-                                args.start_method, source, progress=not args.no_progress)
+        with interrupts_raise():
+            if args.local:
+                check_local_files(args.local)
+                source["files"] = [str(Path(p).resolve()) for p in args.local]
+                docs = iter_documents(args.local, args.text_field)
+            else:
+                docs = iter_hub_documents(args.dataset, args.name or None, args.split, args.text_field)
+            stale = check_out_dir(out_dir, prefix, args.overwrite)
+            # Read one document before loading the tokenizer (train_gpt2 imports torch, ~2 s) and starting the
+            # pool: a wrong field, a bad first line or an empty corpus then fails at once.
+            first = next(docs, None)
+            if first is None:
+                raise CorpusError(f"no documents in {describe} (empty, or only blank text)")
+            docs = itertools.chain([first], docs)
+            chars = None
+            if args.tokenizer == "char":  # a first pass, before old files are removed: a bad line fails here
+                chars = corpus_characters(iter_documents(args.local, args.text_field))
+                print(f"char tokenizer: {len(chars)} distinct characters")
+            if stale:
+                print(f"--overwrite: removed {remove_outputs(out_dir, prefix)} old file(s) from {out_dir}")
+            print(f"tokenizing {describe} -> {out_dir}/{prefix}_*.npy with {args.workers} worker(s)")
+            manifest = run_pipeline(docs, out_dir, prefix, args.shard_size, load_tokenizer(chars), args.workers,
+                                    args.start_method, source, progress=not args.no_progress)
     except CorpusError as e:
         raise SystemExit(f"fineweb.py: error: {e}") from None
-    except KeyboardInterrupt:
-        raise SystemExit("fineweb.py: interrupted; the shards written so far were removed") from None
+    except BrokenProcessPool:
+        raise SystemExit("fineweb.py: error: a tokenizer worker died (killed by a signal, e.g. the out-of-memory "
+                         "killer?); the shards written so far were removed; rerun, with fewer --workers if memory "
+                         "is short") from None
+    except OSError as e:  # a file that became unreadable mid-run, say: still one line
+        where = f"{e.filename}: " if e.filename else ""
+        raise SystemExit(f"fineweb.py: error: {where}{e.strerror or e}") from None
+    except KeyboardInterrupt as e:
+        raise SystemExit(f"fineweb.py: interrupted ({e.args[0] if e.args else 'SIGINT'}); the shards written so "
+                         f"far were removed") from None
 
     split = manifest["small_corpus_split"]
     if split:

@@ -424,6 +424,38 @@ def get_tokenizer(vocab_file: str | os.PathLike = GPT2_VOCAB_FILE):
     return tiktoken.Encoding(name="gpt2", pat_str=GPT2_SPLIT_PATTERN, mergeable_ranks=ranks,
                              special_tokens={"<|endoftext|>": EOT_TOKEN}, explicit_n_vocab=GPT2_VOCAB_SIZE)
 
+class CharTokenizer:
+    """One token per character, id i = chars[i] (`fineweb.py --tokenizer char`), with the part of tiktoken's
+    interface that fineweb.py and sampling use. No <|endoftext|>: fineweb.py ends each document with a blank line."""
+    name, eot_token = "char", None
+
+    def __init__(self, chars: str):
+        if not chars or list(chars) != sorted(set(chars)):
+            raise ValueError("a CharTokenizer's vocabulary must be a non-empty string of sorted, unique characters")
+        self.chars, self.n_vocab, self._ids = chars, len(chars), {c: i for i, c in enumerate(chars)}
+
+    def encode_ordinary(self, text: str) -> list[int]:
+        try:
+            return [self._ids[c] for c in text]
+        except KeyError as e:
+            raise ValueError(f"character {e.args[0]!r} is not in the vocabulary of {self.n_vocab} characters") from None
+
+    def encode(self, text: str, **kwargs) -> list[int]:
+        return self.encode_ordinary(text)  # GPT-2's special tokens (allowed_special=...) do not exist here
+
+    def decode(self, ids) -> str:
+        if bad := [int(i) for i in ids if not 0 <= int(i) < self.n_vocab]:
+            raise ValueError(f"token id {bad[0]} is not in 0..{self.n_vocab - 1}")
+        return "".join(self.chars[int(i)] for i in ids)
+
+def tokenizer_from_manifest(info: dict):
+    """The tokenizer a fineweb.py manifest.json names: GPT-2's (also when it names none) or a CharTokenizer."""
+    if (kind := info.get("tokenizer", "gpt2")) == "gpt2":
+        return get_tokenizer()
+    if kind == "char" and isinstance(info.get("vocab"), str):
+        return CharTokenizer(info["vocab"])
+    raise ValueError(f"manifest tokenizer {kind!r}: expected 'gpt2', or 'char' with its 'vocab' string")
+
 # The shard names fineweb.py writes and this file reads; one definition for both. Shard 000000 is val.
 SHARD_NAME = re.compile(r"(?P<prefix>[^.].*)_(?P<split>val|train)_(?P<index>\d{6})\.npy")  # [^.]: not a temp file
 

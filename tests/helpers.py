@@ -23,3 +23,8 @@ def measured(log_dir) -> dict:
 
 
 measured.KINDS = ("train", "val", "hella", "lr", "norm")
+
+
+def many_characters(n: int) -> str:
+    """Code points U+0100 onwards, n of them less the surrogates (which UTF-8 cannot encode) among them."""
+    return "".join(chr(c) for c in range(0x100, 0x100 + n) if not 0xD800 <= c < 0xE000)

@@ -8,6 +8,9 @@ selected cases are started two at a time when the first one runs, and each test 
 
 import dataclasses
 import json
+import os
+import resource
+import signal
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -18,12 +21,13 @@ import pytest
 import torch
 
 from train_gpt2 import GPT, GPTConfig
-from helpers import child_env
+from helpers import child_env, many_characters
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 TIMEOUT = 300
 CUDA = torch.cuda.is_available()
+AS_ROOT = os.geteuid() == 0  # root reads and writes whatever chmod says
 
 # A tiny, fast run; each case adds the flag it gets wrong (argparse: the last occurrence wins).
 TINY = ("--n_layer", "2", "--n_head", "2", "--n_embd", "32", "--block_size", "32", "--vocab_size", "64",
@@ -41,6 +45,8 @@ class Case:
     args: tuple  # its arguments; {d} is the directory of inputs below, {out} a fresh path for this case's output
     message: str  # a phrase the last line of stderr must contain
     cpu_only: bool = False  # the input is only bad on a machine without CUDA
+    not_as_root: bool = False  # the input is made bad with chmod, which does not stop root
+    file_size_limit: int = 0  # > 0: RLIMIT_FSIZE in bytes for the process, a disk that fills up
 
     @property
     def id(self) -> str:
@@ -51,8 +57,8 @@ def train(bad_input: str, *args: str, message: str, **kw) -> Case:
     return Case("train_gpt2.py", bad_input, TINY + args, message, **kw)
 
 
-def fineweb(bad_input: str, local: str, *args: str, message: str) -> Case:
-    return Case("fineweb.py", bad_input, ("--local", f"{{d}}/{local}", "--out_dir", "{out}", *args), message)
+def fineweb(bad_input: str, local: str, *args: str, message: str, **kw) -> Case:
+    return Case("fineweb.py", bad_input, ("--local", f"{{d}}/{local}", "--out_dir", "{out}", *args), message, **kw)
 
 
 def hellaswag(bad_input: str, data: str, model: str, *args: str, message: str) -> Case:
@@ -105,6 +111,22 @@ CASES = [
             message="holds shards with another prefix"),
     fineweb("--out_dir that is a file", "doc.txt", "--out_dir", "{d}/a_file", "--workers", "1", "--no_progress",
             message="not a directory"),
+    fineweb("--local directory", "texts", message="is a directory; name the files in it"),
+    fineweb("--local symbolic link loop", "loop.txt", message="loop.txt: cannot use it"),
+    fineweb("--local symbolic link to nothing", "gone.txt", message="a symbolic link to missing.txt"),
+    fineweb("--local file without read permission", "secret.txt", message="secret.txt: cannot read it",
+            not_as_root=True),
+    fineweb("empty --local path", "doc.txt", "--local", "", message="argument --local: empty path"),
+    fineweb("--out_dir inside a file", "doc.txt", "--out_dir", "{d}/a_file/sub", message="a_file/sub: cannot use it"),
+    fineweb("--out_dir without write permission", "doc.txt", "--out_dir", "{d}/read_only",
+            message="no permission to write in", not_as_root=True),
+    fineweb("--out_dir on a full disk", "words.txt", "--workers", "1", "--no_progress", file_size_limit=4096,
+            message="(File too large); free some space or choose another --out_dir"),
+    fineweb("abbreviated option", "doc.txt", "--out", "{out}", message="unrecognized arguments: --out"),
+    Case("fineweb.py", "--tokenizer char without --local", ("--tokenizer", "char", "--out_dir", "{out}"),
+         "--tokenizer char needs --local files"),
+    fineweb("--tokenizer char on over 65,536 distinct characters", "many_chars.txt", "--tokenizer", "char",
+            message="more than the 65,536 ids of a uint16 shard"),
     # hellaswag.py
     hellaswag("--data file that does not exist", "missing.jsonl", "other_shape.pt", message="does not exist"),
     hellaswag("malformed jsonl", "malformed.jsonl", "other_shape.pt", message="malformed.jsonl:1:"),
@@ -164,6 +186,15 @@ def make_inputs(d: Path) -> Path:
     (d / "empty.txt").write_text("")
     (d / "latin1.txt").write_bytes("caf\xe9 au lait\n".encode("latin-1"))
     (d / "corrupt.parquet").write_bytes(b"PAR1 this is not parquet")
+    (d / "texts").mkdir()
+    (d / "loop.txt").symlink_to("loop.txt")
+    (d / "gone.txt").symlink_to("missing.txt")
+    (d / "secret.txt").write_text("A document no one may read.\n")
+    (d / "secret.txt").chmod(0)
+    (d / "read_only").mkdir()
+    (d / "read_only").chmod(0o555)
+    (d / "words.txt").write_text("word " * 3000)  # val ~0.7 kB, train ~5.5 kB: the train shard fills the disk
+    (d / "many_chars.txt").write_text(many_characters(70_000))
     (d / "other_corpus").mkdir()
     np.save(d / "other_corpus" / "other_val_000000.npy", tokens(10))
 
@@ -177,8 +208,21 @@ def command(case: Case, d: Path, out: Path) -> list[str]:
 
 
 def run_case(case: Case, d: Path, out: Path) -> subprocess.CompletedProcess:
+    def limit_file_size():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG), as on a full disk
+        resource.setrlimit(resource.RLIMIT_FSIZE, (case.file_size_limit, case.file_size_limit))
+
     return subprocess.run(command(case, d, out), cwd=ROOT, env=child_env(), capture_output=True, text=True,
-                          timeout=TIMEOUT)
+                          timeout=TIMEOUT, preexec_fn=limit_file_size if case.file_size_limit else None)
+
+
+def skip_reason(case: Case) -> str:
+    """Why this machine cannot make the input bad, or ''."""
+    if case.cpu_only and CUDA:
+        return "CUDA"
+    if case.not_as_root and AS_ROOT:
+        return "running as root"
+    return ""
 
 
 @pytest.fixture(scope="module")
@@ -189,13 +233,13 @@ def outcomes(request, tmp_path_factory) -> dict:
                 if getattr(item, "originalname", "") == "test_bad_input_is_rejected_clearly"]
     pool = ThreadPoolExecutor(max_workers=2)
     futures = {case: pool.submit(run_case, case, d, d / "out" / f"case{i}")
-               for i, case in enumerate(selected) if not (case.cpu_only and CUDA)}
+               for i, case in enumerate(selected) if not skip_reason(case)}
     yield futures
     pool.shutdown(cancel_futures=True)
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, id=c.id, marks=pytest.mark.skipif(c.cpu_only and CUDA, reason="CUDA"))
-                                  for c in CASES])
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id, marks=pytest.mark.skip(reason=skip_reason(c)) if skip_reason(c)
+                                               else ()) for c in CASES])
 def test_bad_input_is_rejected_clearly(case, outcomes):
     proc = outcomes[case].result()
     err = proc.stderr.strip()

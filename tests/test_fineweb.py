@@ -1,17 +1,26 @@
 """fineweb.py: documents, tokens, shards, manifest, the CLI and its errors."""
 
+import hashlib
 import json
+import os
+import pickle
+import resource
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 
 import fineweb
+from helpers import child_env, many_characters
 
 ROOT = Path(__file__).resolve().parents[1]
 EOT = 50256
+ROOT_USER = os.geteuid() == 0  # root reads and writes whatever chmod says
 
 DOCS = [
     "Hello, I'm a language model.",
@@ -106,6 +115,15 @@ def test_input_txt_gives_one_document_per_play():
     assert all("by William Shakespeare" in d[:200] for d in docs)
 
 
+def test_byte_order_mark_at_the_start_of_a_file_is_not_text(tmp_path):
+    bom = "\ufeff"
+    txt, jsonl = tmp_path / "a.txt", tmp_path / "b.jsonl"
+    txt.write_text(bom + "first\n\n\n" + bom + "second keeps its mark")  # elsewhere U+FEFF is ordinary text
+    jsonl.write_text(bom + '{"text": "one"}\n' + json.dumps({"text": bom + "two"}) + "\n")
+    assert list(fineweb.iter_documents([txt, jsonl])) == ["first", bom + "second keeps its mark", "one", bom + "two"]
+    assert list(fineweb.iter_txt_documents(txt, chunk_chars=1)) == ["first", bom + "second keeps its mark"]
+
+
 def test_jsonl_and_parquet_documents(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -173,7 +191,7 @@ def test_shard_writer_conserves_tokens(tmp_path, shard_size, crossings):
     lengths = [7, 25, 4, 9]  # 45 tokens; the 25-token document crosses `crossings` shard boundaries
     assert max_boundaries_crossed(lengths, shard_size) == crossings
     docs = [np.concatenate([[EOT], rng.integers(0, EOT, n - 1)]).astype(np.uint16) for n in lengths]
-    writer = fineweb.ShardWriter(tmp_path, "t", shard_size, EOT)
+    writer = fineweb.ShardWriter(tmp_path, "t", shard_size)
     for d in docs:
         writer.add(d)
     shards = writer.close()
@@ -186,7 +204,7 @@ def test_shard_writer_conserves_tokens(tmp_path, shard_size, crossings):
 
 
 def test_document_longer_than_two_shards(tmp_path):
-    writer = fineweb.ShardWriter(tmp_path, "t", 4, EOT)
+    writer = fineweb.ShardWriter(tmp_path, "t", 4)
     writer.add(np.array([EOT, 1, 2], np.uint16))
     writer.add(np.array([EOT] + list(range(10, 21)), np.uint16))  # 12 tokens: shards 0..3
     shards = writer.close()
@@ -213,30 +231,40 @@ def test_pipeline_conserves_tokens_across_boundaries(tmp_path, enc, crossings):
 
 def test_exactly_one_shard_is_a_small_corpus_and_one_more_token_is_not(tmp_path):
     doc = np.array([EOT] + list(range(1, 20)), np.uint16)  # 20 tokens
-    one = fineweb.ShardWriter(tmp_path / "one", "t", 20, EOT)
+    one = fineweb.ShardWriter(tmp_path / "one", "t", 20)
     one.add(doc)
     assert [s["tokens"] for s in one.close()] == [2, 18]  # 10% of 20, mid-document
-    two = fineweb.ShardWriter(tmp_path / "two", "t", 19, EOT)
+    two = fineweb.ShardWriter(tmp_path / "two", "t", 19)
     two.add(doc)
     assert [s["tokens"] for s in two.close()] == [19, 1]
 
 
 def test_small_corpus_val_size():
-    def corpus(*doc_lengths):
-        return np.concatenate([[EOT] + [1] * (n - 1) for n in doc_lengths]).astype(np.uint16)
+    def val_size(*doc_lengths):  # documents of these lengths, back to back
+        starts = np.cumsum([0, *doc_lengths[:-1]])
+        return fineweb.small_corpus_val_size(sum(doc_lengths), starts)
 
-    assert fineweb.small_corpus_val_size(corpus(100), EOT) == 10  # one document: cut at 10%
-    assert fineweb.small_corpus_val_size(corpus(12, 88), EOT) == 12  # boundary at 12% is within 5-20%
-    assert fineweb.small_corpus_val_size(corpus(7, 2, 91), EOT) == 9  # the boundary nearest to 10%
-    assert fineweb.small_corpus_val_size(corpus(30, 70), EOT) == 10  # 30% is outside the window
-    assert fineweb.small_corpus_val_size(corpus(2), EOT) == 1  # the smallest corpus still splits
+    assert val_size(100) == 10  # one document: cut at 10%
+    assert val_size(12, 88) == 12  # boundary at 12% is within 5-20%
+    assert val_size(7, 2, 91) == 9  # the boundary nearest to 10%
+    assert val_size(30, 70) == 10  # 30% is outside the window
+    assert val_size(2) == 1  # the smallest corpus still splits
     with pytest.raises(fineweb.CorpusError, match="at least 2"):
-        fineweb.small_corpus_val_size(corpus(1), EOT)
+        val_size(1)
+
+
+def test_small_corpus_cuts_where_a_document_starts_whatever_its_tokens(tmp_path):
+    # Boundaries are where add() was called, not where an <|endoftext|> id is: the char tokenizer has none.
+    writer = fineweb.ShardWriter(tmp_path, "t", 1000)
+    for n in (11, 89):
+        writer.add(np.full(n, 7, np.uint16))
+    assert [s["tokens"] for s in writer.close()] == [11, 89]
+    assert writer.small_split["at_document_boundary"]
 
 
 def test_empty_writer_refuses(tmp_path):
     with pytest.raises(fineweb.CorpusError, match="no documents"):
-        fineweb.ShardWriter(tmp_path, "t", 10, EOT).close()
+        fineweb.ShardWriter(tmp_path, "t", 10).close()
     assert not any(tmp_path.iterdir())
 
 
@@ -251,9 +279,16 @@ def test_failed_run_leaves_no_partial_corpus(tmp_path, enc):
 
 
 def test_input_txt_yields_val_and_train_with_default_shard_size(tmp_path, capsys):
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     manifest = fineweb.main(["--local", str(ROOT / "input.txt"), "--out_dir", str(tmp_path),
                              "--workers", "1", "--no_progress"])
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers  # restored
     assert [s["file"] for s in manifest["shards"]] == ["input_val_000000.npy", "input_train_000001.npy"]
+    # The GPT-2 shards are byte for byte those of the earlier fineweb.py (np.save, before the char tokenizer).
+    assert [hashlib.sha256((tmp_path / s["file"]).read_bytes()).hexdigest()[:16] for s in manifest["shards"]] == [
+        "7a756ad351abc096", "955c2300c3dd94ba"]
+    assert (manifest["tokenizer"], manifest["eot_token"], manifest["dataset"]) == ("gpt2", EOT, "local")
+    assert "vocab" not in manifest
     split = manifest["small_corpus_split"]
     assert split["at_document_boundary"]  # val is the first play
     assert 0.05 <= split["val_tokens"] / manifest["total_tokens"] <= 0.2
@@ -275,8 +310,105 @@ def test_hub_path_streams_a_local_dataset_offline(tmp_path, enc):
                              "--shard_size", "40", "--workers", "1", "--no_progress"])
     assert manifest["source"] == {"type": "hub", "dataset": str(data), "name": "", "split": "train",
                                   "text_field": "text"}
+    assert manifest["dataset"] == str(data)  # a hub dataset other than FineWeb-Edu: its name
     _, stream, _ = read_shards(out)
     assert np.array_equal(stream, expected_stream(enc, DOCS))
+
+
+def test_manifest_dataset_names_fineweb_edu():
+    assert fineweb.dataset_name({"type": "hub", "dataset": "HuggingFaceFW/fineweb-edu", "name": "sample-10BT"}) == (
+        "fineweb-edu")
+    assert fineweb.dataset_name({"type": "hub", "dataset": "HuggingFaceFW/fineweb"}) == "HuggingFaceFW/fineweb"
+    assert fineweb.dataset_name({"type": "local", "files": []}) == "local"
+
+
+def test_interrupt_just_after_the_manifest_leaves_nothing(tmp_path, enc, monkeypatch):
+    real = fineweb.write_manifest
+
+    def then_interrupt(out_dir, manifest):
+        real(out_dir, manifest)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fineweb, "write_manifest", then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        fineweb.run_pipeline(DOCS, tmp_path, "p", 16, enc)
+    assert not any(tmp_path.iterdir())  # shards and the manifest are found by name and removed
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The char tokenizer
+
+
+def char_stream(docs):
+    """What --tokenizer char writes: each document's characters, then a blank line."""
+    return "".join(d + "\n\n" for d in docs)
+
+
+def test_char_tokenizer_and_tokenizer_from_manifest():
+    tg = fineweb._train_gpt2()
+    tok = tg.CharTokenizer("\n ab")
+    assert (tok.name, tok.n_vocab, tok.eot_token, tok.chars) == ("char", 4, None, "\n ab")
+    assert tok.encode_ordinary("ab a\n") == [2, 3, 1, 2, 0] == tok.encode("ab a\n", allowed_special="all")
+    assert tok.decode(np.array([2, 3, 0], np.uint16)) == "ab\n"
+    assert pickle.loads(pickle.dumps(tok)).encode_ordinary("ba") == [3, 2]  # pool workers receive it pickled
+    with pytest.raises(ValueError, match="character 'c' is not in the vocabulary"):
+        tok.encode_ordinary("abc")
+    with pytest.raises(ValueError, match="token id 4 is not in 0..3"):
+        tok.decode([4])
+    for chars in ("ba", "aa", ""):
+        with pytest.raises(ValueError, match="sorted, unique"):
+            tg.CharTokenizer(chars)
+    assert tg.tokenizer_from_manifest({"tokenizer": "gpt2"}) is tg.get_tokenizer()
+    assert tg.tokenizer_from_manifest({}) is tg.get_tokenizer()  # manifests from before the key existed
+    assert tg.tokenizer_from_manifest({"tokenizer": "char", "vocab": "ab"}).chars == "ab"
+    for info in ({"tokenizer": "char"}, {"tokenizer": "bpe"}):
+        with pytest.raises(ValueError, match="expected 'gpt2', or 'char'"):
+            tg.tokenizer_from_manifest(info)
+
+
+def test_char_input_txt_has_77_characters_and_splits_at_a_play(tmp_path):
+    manifest = fineweb.main(["--local", str(ROOT / "input.txt"), "--tokenizer", "char", "--out_dir", str(tmp_path),
+                             "--workers", "1", "--no_progress"])
+    vocab = manifest["vocab"]
+    assert (manifest["tokenizer"], manifest["vocab_size"], len(vocab), manifest["eot_token"]) == ("char", 77, 77, None)
+    assert list(vocab) == sorted(set(vocab)) and "\n" in vocab
+    _, stream, _ = read_shards(tmp_path)
+    docs = list(fineweb.iter_documents([ROOT / "input.txt"]))
+    tok = fineweb._train_gpt2().tokenizer_from_manifest(manifest)
+    assert tok.decode(stream) == char_stream(docs)
+    assert manifest["small_corpus_split"]["at_document_boundary"]
+    assert manifest["small_corpus_split"]["val_tokens"] == len(char_stream(docs[:1]))  # val is the first play
+
+
+def test_cli_char_round_trips_with_spawned_workers(tmp_path):
+    path = tmp_path / "c.jsonl"  # .jsonl: documents are taken as they are, surrounding whitespace included
+    path.write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCS * 3))
+    out = tmp_path / "out"
+    proc = run_cli("--local", path, "--out_dir", out, "--tokenizer", "char", "--shard_size", "300",
+                   "--workers", 2, "--start_method", "spawn", "--no_progress")
+    assert proc.returncode == 0, proc.stderr
+    manifest, stream, _ = read_shards(out)
+    check_layout(manifest, "c", 300)
+    assert manifest["vocab"] == "".join(sorted(set(char_stream(DOCS))))
+    assert (manifest["dataset"], manifest["eot_token"]) == ("local", None)
+    assert manifest["vocab_size"] == len(manifest["vocab"])
+    assert fineweb.load_tokenizer(manifest["vocab"]).decode(stream) == char_stream(DOCS * 3)
+
+
+def test_char_small_corpus_cuts_at_a_document_start(tmp_path):
+    docs = ["a" * 12, "b" * 86]  # with their blank lines: 14 + 88 characters, a boundary at 13.7%
+    manifest = fineweb.run_pipeline(docs, tmp_path, "p", 1000, fineweb.load_tokenizer("\nab"))
+    assert manifest["small_corpus_split"] == {"val_tokens": 14, "train_tokens": 88, "at_document_boundary": True}
+
+
+def test_char_refuses_more_characters_than_uint16_holds(tmp_path):
+    path = tmp_path / "many.txt"
+    path.write_text(many_characters(70_000))
+    with pytest.raises(SystemExit) as exc:
+        fineweb.main(["--local", str(path), "--tokenizer", "char", "--out_dir", str(tmp_path / "out")])
+    assert exc.value.code.startswith("fineweb.py: error: the corpus has 67,953 distinct characters, more than the "
+                                     "65,536 ids of a uint16 shard")
+    assert not (tmp_path / "out").exists()
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -385,11 +517,107 @@ def test_cli_input_errors(tmp_path, name, content, extra, message):
     assert not out.exists()
 
 
+def make_path(tmp_path, kind):
+    """A path of the given wrong kind in tmp_path."""
+    path = tmp_path / f"{kind}.txt"
+    if kind == "dir":
+        path.mkdir()
+    elif kind == "loop":
+        path.symlink_to(path.name)
+    elif kind == "dangling":
+        path.symlink_to("nowhere.txt")
+    elif kind == "in_a_file":
+        (tmp_path / "a_file").write_text("x")
+        path = tmp_path / "a_file" / "sub"
+    return path
+
+
+@pytest.mark.parametrize(
+    "kind, message",
+    [
+        ("dir", "dir.txt is a directory; name the files in it"),
+        ("loop", "loop.txt: cannot use it ("),  # (Too many levels of symbolic links)
+        ("dangling", "dangling.txt: a symbolic link to nowhere.txt, which does not exist"),
+        ("in_a_file", "a_file/sub: cannot use it ("),  # (Not a directory)
+    ],
+)
+def test_cli_local_path_of_the_wrong_kind(tmp_path, kind, message):
+    out = tmp_path / "out"
+    assert_error(run_cli("--local", make_path(tmp_path, kind), "--out_dir", out), message)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "kind, message",
+    [
+        ("loop", "--out_dir {path}: cannot use it ("),
+        ("dangling", "--out_dir {path}: a symbolic link to nowhere.txt"),
+        ("in_a_file", "--out_dir {path}: cannot use it ("),
+    ],
+)
+def test_cli_out_dir_of_the_wrong_kind(tmp_path, kind, message):
+    (tmp_path / "c.txt").write_text("text")
+    path = make_path(tmp_path, kind)
+    assert_error(run_cli("--local", tmp_path / "c.txt", "--out_dir", path), message.format(path=path))
+
+
+@pytest.mark.skipif(ROOT_USER, reason="root reads a file whatever its mode")
+def test_cli_unreadable_local_file(tmp_path):
+    path = tmp_path / "secret.txt"
+    path.write_text("text")
+    path.chmod(0)
+    assert_error(run_cli("--local", path, "--out_dir", tmp_path / "out"), "secret.txt: cannot read it (")
+
+
+@pytest.mark.skipif(ROOT_USER, reason="root writes in a directory whatever its mode")
+def test_cli_read_only_out_dir(tmp_path):
+    out = tmp_path / "ro"
+    out.mkdir()
+    out.chmod(0o555)
+    try:
+        assert_error(run_cli("--local", ROOT / "input.txt", "--out_dir", out), f"no permission to write in {out}")
+        assert not any(out.iterdir())
+    finally:
+        out.chmod(0o755)
+
+
+def test_cli_full_disk_removes_what_was_written(tmp_path):
+    # RLIMIT_FSIZE caps each file the child writes, root's too: input.txt's val shard (~82 kB) fits, its train
+    # shard (~600 kB) fails part-way, as on a full disk.
+    def limit_file_size():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of killing the process
+        resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
+
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, str(ROOT / "fineweb.py"), "--local", str(ROOT / "input.txt"), "--out_dir",
+                           str(out), "--workers", "1", "--no_progress"], cwd=ROOT, env=child_env(),
+                          preexec_fn=limit_file_size, capture_output=True, text=True, timeout=120)
+    assert_error(proc, f"cannot write {out}/input_train_000001.npy (File too large); free some space")
+    assert not any(out.iterdir())  # the val shard was written, then removed; no temp file
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--local", "{c}", "--out", "{out}"], "unrecognized arguments: --out"),  # no prefix abbreviations
+        (["--local", "{c}", "--out_dir", ""], "argument --out_dir: empty path"),
+        (["--local", ""], "argument --local: empty path"),
+        (["--tokenizer", "char"], "--tokenizer char needs --local files"),
+    ],
+)
+def test_cli_argument_errors(tmp_path, args, message):
+    (tmp_path / "c.txt").write_text("text")
+    args = [a.format(c=tmp_path / "c.txt", out=tmp_path / "out") for a in args]
+    assert_error(run_cli(*args), message, code=2)
+    assert not (tmp_path / "out").exists()
+
+
 def test_malformed_jsonl_mid_stream_reports_line_and_cleans_up(tmp_path, monkeypatch):
-    # In-process (the tokenizer is already loaded) but through main() and a real pool: the reader runs in
-    # the pool's feeder thread, and its error must still come back as the one-line exit message.
+    # In-process (the tokenizer is already loaded) but through main() and a real pool: the reader's error, raised
+    # while batches are in flight, must still come back as the one-line exit message.
     path = tmp_path / "c.jsonl"
-    n_good = fineweb.BATCH_DOCS + 100  # a full batch is tokenised and written before the reader fails
+    # More batches than are in flight with 2 workers: some are tokenised and written before the reader fails.
+    n_good = fineweb.BATCH_DOCS * (2 * fineweb.IN_FLIGHT_PER_WORKER + 2) + 100
     good = "".join(json.dumps({"text": d}) + "\n" for d in (DOCS * n_good)[:n_good])
     path.write_text(good + '{"text": "cut off\n' + good)
     out = tmp_path / "out"
@@ -428,6 +656,68 @@ def test_cli_help_states_the_rules():
     assert "separated by two or more consecutive blank lines" in text
     assert "If the whole corpus fits in one shard" in text
     assert "--overwrite" in text and "edu_fineweb10B" in text
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Stopped runs: signals and dead workers
+
+
+@pytest.fixture(scope="module")
+def big_corpus(tmp_path_factory):
+    """input.txt 30 times (~33 MB): seconds of tokenising, time to stop a run midway."""
+    path = tmp_path_factory.mktemp("big") / "big.txt"
+    path.write_text("\n\n\n".join([(ROOT / "input.txt").read_text()] * 30))
+    return path
+
+
+def start_run(corpus, out, *args):
+    """fineweb.py with 2 workers in a session of its own (a signal to its group is a terminal's Ctrl-C), returned
+    once it has written a shard."""
+    proc = subprocess.Popen([sys.executable, str(ROOT / "fineweb.py"), "--local", str(corpus), "--out_dir", str(out),
+                             "--shard_size", "100_000", "--workers", "2", "--no_progress", *args], cwd=ROOT,
+                            env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not list(out.glob("*.npy")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.02)
+    return proc
+
+
+def assert_stopped_cleanly(proc, out, message, within=30):
+    """The run ends within `within` seconds, non-zero, with exactly one line on stderr, and leaves nothing."""
+    try:
+        _, err = proc.communicate(timeout=within)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail(f"still running {within} s later")
+    assert proc.returncode != 0
+    assert err.strip().splitlines() == [err.strip()] and err.startswith(message), err
+    assert not any(out.iterdir())
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "Ctrl-C"])
+def test_stopping_a_run_removes_its_shards(tmp_path, big_corpus, how):
+    out = tmp_path / "out"
+    proc = start_run(big_corpus, out)
+    if how == "SIGTERM":
+        os.kill(proc.pid, signal.SIGTERM)  # the parent only, as `kill` does
+    else:
+        os.killpg(proc.pid, signal.SIGINT)  # the whole group, workers too, as a terminal does
+    assert_stopped_cleanly(proc, out, f"fineweb.py: interrupted ({'SIGTERM' if how == 'SIGTERM' else 'SIGINT'}); "
+                                      f"the shards written so far were removed")
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_a_killed_worker_ends_the_run(tmp_path, big_corpus, start_method):
+    if start_method not in fineweb.multiprocessing.get_all_start_methods():
+        pytest.skip(f"no {start_method} here")
+    out = tmp_path / "out"
+    proc = start_run(big_corpus, out, "--start_method", start_method)
+    workers = [p for p in psutil.Process(proc.pid).children() if "resource_tracker" not in " ".join(p.cmdline())]
+    workers[0].kill()  # SIGKILL, as the out-of-memory killer does
+    assert_stopped_cleanly(proc, out, "fineweb.py: error: a tokenizer worker died (killed by a signal")
 
 
 def test_import_has_no_side_effects_and_no_torch():
