@@ -393,14 +393,15 @@ def bench_loader(args, device: str) -> dict:
             root = Path(tmp) / f"n{n_tokens}"
             root.mkdir()
             rng = np.random.default_rng(args.seed)
-            np.save(root / f"bench_train_{0:06d}.npy", rng.integers(0, train_gpt2.GPT2_VOCAB_SIZE, n_tokens, dtype=np.uint16))
+            shard = [root / f"bench_train_{1:06d}.npy"]
+            np.save(shard[0], rng.integers(0, train_gpt2.GPT2_VOCAB_SIZE, n_tokens, dtype=np.uint16))
             del rng
             progress(f"loader: {n_tokens:,}-token shard, B={B} T={T}")
             batches = (n_tokens - 1) // (B * T)  # one epoch: every token read once
 
             # Pass 1, timed, nothing else: tracing and RSS sampling would slow next_batch down (and
             # sampling would count in the traced peak), so each has its own pass over the same epoch.
-            loader = train_gpt2.DataLoaderLite(root, "train", B, T, vocab_size=train_gpt2.GPT2_VOCAB_SIZE)
+            loader = train_gpt2.DataLoaderLite(shard, B, T, vocab_size=train_gpt2.GPT2_VOCAB_SIZE)
             t0 = time.perf_counter()
             for _ in range(batches):
                 loader.next_batch()
@@ -409,7 +410,7 @@ def bench_loader(args, device: str) -> dict:
 
             # Pass 2: the peak of Python/numpy allocations (numpy reports its buffers to tracemalloc).
             tracemalloc.start()
-            loader = train_gpt2.DataLoaderLite(root, "train", B, T, vocab_size=train_gpt2.GPT2_VOCAB_SIZE)
+            loader = train_gpt2.DataLoaderLite(shard, B, T, vocab_size=train_gpt2.GPT2_VOCAB_SIZE)
             for _ in range(batches):
                 loader.next_batch()
             traced_peak = tracemalloc.get_traced_memory()[1]
@@ -419,7 +420,7 @@ def bench_loader(args, device: str) -> dict:
             # Pass 3: the resident set, sampled after every batch, from before the loader exists.
             rss0, anon0 = rss_bytes()
             peak_rss, peak_anon = rss0, anon0
-            loader = train_gpt2.DataLoaderLite(root, "train", B, T, vocab_size=train_gpt2.GPT2_VOCAB_SIZE)
+            loader = train_gpt2.DataLoaderLite(shard, B, T, vocab_size=train_gpt2.GPT2_VOCAB_SIZE)
             for _ in range(batches):
                 x, y = loader.next_batch()
                 if rss0 is not None:

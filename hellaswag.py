@@ -442,14 +442,16 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 def run(args: argparse.Namespace) -> dict:
     """Load data and model as the arguments say, evaluate, print a summary; the metrics dict."""
-    from train_gpt2 import check_device, get_tokenizer, load_model  # here, not at the top: see the docstring
+    from train_gpt2 import check_device, load_model  # here, not at the top: see the docstring
 
     examples = load_examples(args.split, args.data, args.cache_dir)[: args.limit]
     device = check_device(args.device)
     autocast_dtype = torch.bfloat16 if args.dtype == "bfloat16" else None
-    model = load_model(args.model, device)
+    model, enc = load_model(args.model, device)
+    if enc.name != "gpt2":
+        raise ValueError(f"{args.model} was trained with the {enc.name} tokenizer; HellaSwag needs GPT-2's")
     print(f"{args.model}: {model.num_params() / 1e6:.1f}M params on {device} ({args.dtype}), {len(examples)} examples")
-    result = evaluate(model, examples, device, enc=get_tokenizer(), batch_size=args.batch_size,
+    result = evaluate(model, examples, device, enc=enc, batch_size=args.batch_size,
                       autocast_dtype=autocast_dtype, progress=True)
     print(f"{result['n']} acc: {result['acc']:.4f} acc_norm: {result['acc_norm']:.4f}")
     return result

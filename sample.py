@@ -35,15 +35,15 @@ def main(argv=None):
         parser.error(f"--top_k and --temperature must be >= 0, got {args.top_k} and {args.temperature}")
     try:
         device = train_gpt2.check_device(args.device)
-        model = train_gpt2.load_model(args.init_from, device)
+        model, enc = train_gpt2.load_model(args.init_from, device)  # a checkpoint knows its tokenizer
         new_tokens = args.max_new_tokens
         if new_tokens is None:  # --max_length (default 30) counts the prompt's tokens too
-            prompt_len = len(train_gpt2.get_tokenizer().encode(args.prompt) or [train_gpt2.EOT_TOKEN])
+            prompt_len = len(enc.encode(args.prompt, allowed_special="all") or [enc.eot_token])
             new_tokens = (args.max_length or 30) - prompt_len
             if new_tokens <= 0:
                 raise ValueError(f"the prompt is {prompt_len} tokens: --max_length {args.max_length or 30} leaves "
                                  "none to sample (raise it, or use --max_new_tokens)")
-        texts = train_gpt2.sample_texts(model, args.prompt, args.num_samples, new_tokens, args.top_k or None,
+        texts = train_gpt2.sample_texts(model, enc, args.prompt, args.num_samples, new_tokens, args.top_k or None,
                                         args.temperature, args.seed, device)
     except (ValueError, OSError) as e:
         sys.exit(f"sample.py: error: {' '.join(str(e).split())}")

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import argparse
 import base64
-import bisect
 import dataclasses
+import fcntl
 import functools
 import hashlib
 import json
@@ -26,7 +26,9 @@ import os
 import platform
 import random
 import re
+import secrets
 import signal
+import stat
 import sys
 import time
 from dataclasses import dataclass, field
@@ -69,13 +71,13 @@ class TrainConfig:
     # data and output
     data_root: str = opt("edu_fineweb10B", "directory of fineweb.py shards ({prefix}_{val|train}_{i:06d}.npy)")
     log_dir: str = opt("log", "where log.txt, header.txt, checkpoints and curves.png go")
-    shuffle_shards: bool = opt(False, "permute the train shard order every epoch (seeded, same on all ranks)")
+    shuffle: bool = opt(False, "read each epoch in a seeded random order of shards and of windows within them")
     # model (from scratch; --init_from loads a shape instead)
     n_layer: int = opt(12, "transformer blocks")
     n_head: int = opt(12, "attention heads")
     n_embd: int = opt(768, "residual width")
     block_size: int = opt(1024, "maximum context length")
-    vocab_size: int = opt(50304, "token table rows: 50257 real ids padded to a multiple of 128 for speed")
+    vocab_size: int = opt(0, "token table rows; 0: the data's tokenizer's (GPT-2's 50257 padded to 50304 for speed)")
     init_from: str = opt("scratch", "scratch | gpt2 | gpt2-medium | ... | HF_DIR | CHECKPOINT.pt (weights only)")
     # batch
     batch_size: int = opt(64, "micro-batch B: sequences per forward pass per process")
@@ -90,6 +92,7 @@ class TrainConfig:
     weight_decay: float = opt(0.1, "AdamW decay on matrices and embeddings (not biases or norms)")
     grad_clip: float = opt(1.0, "clip the global gradient norm to this (0: no clipping)")
     skip_nonfinite: bool = opt(False, "skip an update with a non-finite loss or grad norm instead of stopping")
+    skip_spikes: float = opt(0.0, "skip an update whose loss or grad norm is Z running std devs above the mean (0: off)")
     # evaluation and output intervals (0 disables)
     eval_interval: int = opt(250, "steps between validation losses")
     val_tokens: int = opt(10485760, "tokens of val loss (a multiple of seq_len), the same for any world size")
@@ -111,10 +114,10 @@ class TrainConfig:
     wandb_project: str = opt("", "log to this Weights & Biases project (needs `pip install wandb`)")
 
     def __post_init__(self):
-        positive = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "batch_size", "seq_len",
-                    "total_batch_size", "max_steps")
-        non_negative = ("warmup_steps", "eval_interval", "hellaswag_interval", "hellaswag_limit", "sample_interval",
-                        "ckpt_interval", "keep_last", "weight_decay", "grad_clip", "peak_flops", "val_tokens")
+        positive = ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "seq_len", "total_batch_size", "max_steps")
+        non_negative = ("vocab_size", "warmup_steps", "eval_interval", "hellaswag_interval", "hellaswag_limit",
+                        "sample_interval", "ckpt_interval", "keep_last", "weight_decay", "grad_clip", "skip_spikes",
+                        "peak_flops", "val_tokens")
         for name, value in dataclasses.asdict(self).items():
             if isinstance(value, float) and not math.isfinite(value):  # NaN would pass every test below
                 raise ValueError(f"--{name} must be a finite number, got {value}")
@@ -135,8 +138,8 @@ class TrainConfig:
             raise ValueError("--val_tokens must be positive when --eval_interval is set")
         if self.val_tokens % self.seq_len:
             raise ValueError(f"--val_tokens ({self.val_tokens}) must be a multiple of --seq_len ({self.seq_len})")
-        if self.hellaswag_data and not Path(self.hellaswag_data).is_file():
-            raise ValueError(f"--hellaswag_data {self.hellaswag_data} does not exist")
+        if self.hellaswag_data:
+            check_path(self.hellaswag_data, "--hellaswag_data", is_dir=False)
         for name, allowed in (("dtype", ("auto", "bfloat16", "float32")), ("compile", ("auto", "true", "false"))):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"--{name} must be one of {'|'.join(allowed)}, got {getattr(self, name)!r}")
@@ -165,7 +168,7 @@ FLAG_TYPES = {f.name: flag_type(f.name, f.type) for f in dataclasses.fields(Trai
 PRESETS = {
     # The reference recipe: GPT-2 124M on 10B FineWeb-Edu tokens (the TrainConfig defaults, spelled out).
     "gpt2-124M": dict(data_root="edu_fineweb10B", n_layer=12, n_head=12, n_embd=768, block_size=1024,
-                      vocab_size=50304, batch_size=64, seq_len=1024, total_batch_size=524288, max_steps=19073,
+                      vocab_size=0, batch_size=64, seq_len=1024, total_batch_size=524288, max_steps=19073,
                       warmup_steps=715, max_lr=6e-4, min_lr_ratio=0.1, weight_decay=0.1, grad_clip=1.0,
                       eval_interval=250, val_tokens=10485760, hellaswag_interval=250, sample_interval=250,
                       ckpt_interval=5000),
@@ -462,120 +465,115 @@ SHARD_NAME = re.compile(r"(?P<prefix>[^.].*)_(?P<split>val|train)_(?P<index>\d{6
 def shard_name(prefix: str, index: int) -> str:
     return f"{prefix}_{'val' if index == 0 else 'train'}_{index:06d}.npy"
 
-def list_shards(data_root: str | os.PathLike, split: str) -> list[Path]:
-    """The `split` shards of data_root ({prefix}_{split}_{index:06d}.npy), in index order."""
-    root = Path(data_root)
-    if not root.is_dir():
-        raise FileNotFoundError(f"data directory {root} does not exist; create it with `python fineweb.py` "
-                                f"(or `python fineweb.py --local input.txt --out_dir {root}` for the built-in corpus)")
-    found = [(int(m["index"]), p) for p in root.iterdir() if (m := SHARD_NAME.fullmatch(p.name)) and m["split"] == split]
-    if not found:
-        raise FileNotFoundError(f"no '{split}' shards (*_{split}_*.npy) in {root}; run fineweb.py to make them")
-    return [p for _, p in sorted(found)]
-
-def open_shard(path: Path) -> np.ndarray:
-    """Memory-map one shard: pages are read on demand, the shard is never copied into memory whole."""
+def find_shards(data_root: str | os.PathLike) -> tuple[dict[str, list[Path]], Optional[dict], Optional[str]]:
+    """({"val": [...], "train": [...]}, manifest or None, a note for the log) of data_root. fineweb.py writes
+    manifest.json last: with it, exactly the shards it lists (their sizes checked when opened); without it,
+    shards of one prefix made by another tool (build-nanogpt's edufineweb_*.npy), never a half-written corpus."""
     try:
-        tokens = np.load(path, mmap_mode="r", allow_pickle=False)
+        root = check_path(data_root, "data directory", is_dir=True)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"{e}; create it with `python fineweb.py` (or `python fineweb.py --local input.txt "
+                                f"--out_dir {data_root}` for the built-in corpus)") from None
+    if (root / "manifest.json").exists():
+        try:
+            manifest = json.loads((root / "manifest.json").read_text())
+            splits = {s: [root / x["file"] for x in manifest["shards"] if x["split"] == s] for s in ("val", "train")}
+            sizes = {root / x["file"]: x["tokens"] for x in manifest["shards"]}
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{root}/manifest.json is not fineweb.py's manifest ({e}); re-run fineweb.py") from None
+        return splits, {**manifest, "sizes": sizes}, None
+    found = [(m, p) for p in root.iterdir() if (m := SHARD_NAME.fullmatch(p.name))]
+    partial = sorted(p.name for p in root.iterdir() if p.name.startswith(".") and ".tmp" in p.name
+                     or p.name == ".fineweb_incomplete")
+    if partial:
+        raise ValueError(f"{root} has no manifest.json and holds an unfinished fineweb.py output ({partial[0]}); "
+                         f"finish it with `python fineweb.py ... --out_dir {root} --overwrite`")
+    if len(prefixes := sorted({m["prefix"] for m, _ in found})) > 1:
+        raise ValueError(f"{root} holds shards of {len(prefixes)} corpora (prefixes {', '.join(prefixes)}); "
+                         "keep one corpus per directory")
+    splits = {s: [p for _, p in sorted((int(m["index"]), p) for m, p in found if m["split"] == s)]
+              for s in ("val", "train")}
+    for split, paths in splits.items():
+        if not paths:
+            raise FileNotFoundError(f"no '{split}' shards (*_{split}_*.npy) in {root}; run fineweb.py to make them")
+    return splits, None, (f"no manifest.json in {root}: using the {len(found)} shards found there ({prefixes[0]}_*: "
+                          f"{len(splits['val'])} val, {len(splits['train'])} train), as another tool wrote them")
+
+def open_shard(path: Path, tokens: Optional[int] = None) -> np.ndarray:
+    """Memory-map one shard (pages are read on demand, never the whole shard); `tokens`: its size per the manifest."""
+    try:
+        shard = np.load(path, mmap_mode="r", allow_pickle=False)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path} is missing (manifest.json lists it); re-run fineweb.py") from None
     except Exception as e:
         raise ValueError(f"{path} is not a readable .npy shard ({type(e).__name__}: {e})") from None
-    if tokens.dtype != np.uint16 or tokens.ndim != 1:
-        raise ValueError(f"{path}: expected a 1-D uint16 token array as fineweb.py writes, got {tokens.dtype} {tokens.shape}")
-    return tokens
+    if shard.dtype != np.uint16 or shard.ndim != 1:
+        raise ValueError(f"{path}: expected a 1-D uint16 token array as fineweb.py writes, got {shard.dtype} {shard.shape}")
+    if tokens is not None and len(shard) != tokens:
+        raise ValueError(f"{path} holds {len(shard)} tokens, manifest.json says {tokens}; re-run fineweb.py")
+    return shard
 
-class TokenStream:
-    """A list of shards read as one sequence of tokens; `read` copies only the tokens asked for."""
+def windows(lengths: list[int], T: int) -> np.ndarray:
+    """(shard, start) of each window of T+1 tokens within shards of these lengths, in order. Consecutive windows
+    share a token (the last target of one is the first input of the next); a shard's last < T tokens are unread."""
+    counts = np.maximum(np.asarray(lengths, dtype=np.int64) - 1, 0) // T  # windows per shard
+    first = np.repeat(np.cumsum(counts) - counts, counts)  # the index of each window's shard's first window
+    return np.stack([np.repeat(np.arange(len(counts)), counts), (np.arange(counts.sum()) - first) * T], axis=1)
 
-    def __init__(self, shards: list[np.ndarray], names: list[str]):
-        self.shards, self.names = shards, names
-        self.offsets = np.cumsum([0] + [len(s) for s in shards]).tolist()  # stream position of each shard
-
-    @classmethod
-    def from_split(cls, data_root: str | os.PathLike, split: str) -> "TokenStream":
-        paths = list_shards(data_root, split)
-        return cls([open_shard(p) for p in paths], [p.name for p in paths])
-
-    def __len__(self) -> int:
-        return self.offsets[-1]
-
-    def read(self, start: int, n: int) -> np.ndarray:
-        """Tokens [start, start+n) of the stream, across shard boundaries when needed."""
-        if start < 0 or start + n > len(self):
-            raise IndexError(f"read [{start}, {start + n}) outside a stream of {len(self)} tokens")
-        out, i, filled = np.empty(n, dtype=np.uint16), bisect.bisect_right(self.offsets, start) - 1, 0
-        while filled < n:
-            lo = start + filled - self.offsets[i]
-            take = min(n - filled, len(self.shards[i]) - lo)
-            out[filled : filled + take] = self.shards[i][lo : lo + take]
-            filled, i = filled + take, i + 1
-        return out
-
-    def shards_at(self, start: int, n: int) -> list[str]:
-        """Names of the shards that tokens [start, start+n) come from (for error messages)."""
-        return self.names[bisect.bisect_right(self.offsets, start) - 1 : bisect.bisect_right(self.offsets, start + n - 1)]
-
-def check_token_ids(tokens: np.ndarray, vocab_size: Optional[int], where: str):
-    """Ids >= vocab_size would index past the embedding table (a device-side assert on CUDA)."""
-    if vocab_size is not None and len(tokens) and int(tokens.max()) >= vocab_size:
-        raise ValueError(f"token id {int(tokens.max())} >= vocab_size {vocab_size} in {where}; "
+def read_window(shards: list[np.ndarray], names: list[str], k: int, start: int, n: int, vocab_size: Optional[int]):
+    """Tokens [start, start+n) of shard k as int64; ids >= vocab_size would index past the embedding table."""
+    tokens = shards[k][start : start + n].astype(np.int64)
+    if vocab_size is not None and int(tokens.max()) >= vocab_size:
+        raise ValueError(f"token id {int(tokens.max())} >= vocab_size {vocab_size} in {names[k]}; "
                          "the shards were made with another tokenizer, or vocab_size is too small")
+    return torch.from_numpy(tokens)
 
 class DataLoaderLite:
-    """(B, T) training batches from the `split` shards of data_root, read as one continuous stream.
+    """(B, T) training batches, each a window of B*T+1 tokens inside one shard (its last token only a target).
 
-    Each call, the world's ranks take consecutive windows of B*T+1 tokens (a window's last token is only a
-    target), rank r the r-th, so together they cover the stream in order with nothing skipped at shard ends.
-    When the rest of the stream is too short for a whole step, it wraps: epoch += 1, and with shuffle=True the
-    shard order is permuted by (seed, epoch), identically on every rank. At most world*B*T tokens per epoch
-    go unread. Memory is O(B*T): shards are memory-mapped."""
+    An epoch is every window of every shard once: in shard and position order, or with shuffle=True in an
+    order permuted by (seed, epoch), shards first and then the windows within each. Rank r of a world of W
+    reads windows r, r+W, r+2W, ... of epoch 0, then epoch 1, and so on: over all ranks every window of an
+    epoch is read exactly once, and the whole state is how many windows the world has read. Memory is
+    O(B*T): shards are memory-mapped."""
 
-    def __init__(self, data_root, split: str, B: int, T: int, process_rank: int = 0, num_processes: int = 1,
-                 vocab_size: Optional[int] = None, shuffle: bool = False, seed: int = 0):
-        if B <= 0 or T <= 0:
-            raise ValueError(f"batch size and sequence length must be positive, got B={B}, T={T}")
-        if not 0 <= process_rank < num_processes:
-            raise ValueError(f"process_rank {process_rank} not in [0, {num_processes})")
-        self.B, self.T, self.rank, self.world = B, T, process_rank, num_processes
-        self.split, self.vocab_size, self.shuffle, self.seed = split, vocab_size, shuffle, seed
-        self.base = TokenStream.from_split(data_root, split)
-        if len(self.base) < (need := B * T * num_processes + 1):
-            raise ValueError(f"the '{split}' split in {data_root} holds {len(self.base)} tokens, fewer than one step of "
-                             f"{num_processes} rank(s) x B={B} x T={T} (+1) = {need}; lower batch_size/seq_len or add data")
-        self.reset()
+    def __init__(self, paths: list[Path], B: int, T: int, rank: int = 0, world: int = 1,
+                 vocab_size: Optional[int] = None, shuffle: bool = False, seed: int = 0, sizes: Optional[dict] = None):
+        if B <= 0 or T <= 0 or not 0 <= rank < world:
+            raise ValueError(f"need B, T > 0 and 0 <= rank < world, got B={B}, T={T}, rank {rank}, world {world}")
+        self.B, self.T, self.rank, self.world, self.vocab_size, self.shuffle, self.seed = B, T, rank, world, vocab_size, shuffle, seed
+        self.shards, self.names = [open_shard(p, (sizes or {}).get(p)) for p in paths], [p.name for p in paths]
+        self.all = windows([len(s) for s in self.shards], B * T)
+        if len(self.all) < world:
+            raise ValueError(f"the train shards hold {len(self.all)} window(s) of B x T + 1 = {B * T + 1} tokens, fewer "
+                             f"than the {world} rank(s) that read one each per micro-step; lower batch_size/seq_len or "
+                             "add data")
+        self.taken, self.epoch, self.order = 0, None, None  # taken: windows the whole world has read so far
 
-    def _stream_for(self, epoch: int) -> TokenStream:
-        order = list(range(len(self.base.shards)))
-        if self.shuffle:
-            order = np.random.default_rng([self.seed, epoch]).permutation(len(order)).tolist()
-        return TokenStream([self.base.shards[i] for i in order], [self.base.names[i] for i in order])
-
-    def reset(self):
-        self.epoch, self.position = 0, 0  # position: stream offset where the next step's rank-0 window starts
-        self.stream = self._stream_for(0)
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        """The (shard, start) windows of an epoch in reading order."""
+        if not self.shuffle:
+            return self.all
+        rng = np.random.default_rng([self.seed, epoch])  # the same on every rank: all of them hold the same order
+        return np.concatenate([rng.permutation(self.all[self.all[:, 0] == k]) for k in rng.permutation(len(self.shards))])
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        BT = self.B * self.T
-        if self.position + BT * self.world + 1 > len(self.stream):  # the same decision on every rank
-            self.epoch, self.position = self.epoch + 1, 0
-            self.stream = self._stream_for(self.epoch)
-        start = self.position + self.rank * BT
-        buf = self.stream.read(start, BT + 1)
-        check_token_ids(buf, self.vocab_size, f"{', '.join(self.stream.shards_at(start, BT + 1))} (epoch {self.epoch})")
-        self.position += BT * self.world
-        buf = torch.from_numpy(buf.astype(np.int64))  # only this window is widened to int64
+        epoch, i = divmod(self.taken + self.rank, len(self.all))
+        if epoch != self.epoch:
+            self.epoch, self.order = epoch, self.epoch_order(epoch)
+        self.taken += self.world
+        buf = read_window(self.shards, self.names, *self.order[i], self.B * self.T + 1, self.vocab_size)
         return buf[:-1].view(self.B, self.T), buf[1:].view(self.B, self.T)
 
     def state_dict(self) -> dict:
-        return {"split": self.split, "epoch": self.epoch, "position": self.position,
-                "num_tokens": len(self.base), "shuffle": self.shuffle, "seed": self.seed}
+        return {"taken": self.taken, "windows": len(self.all), "B": self.B, "T": self.T, "shuffle": self.shuffle,
+                "seed": self.seed}
 
     def load_state_dict(self, state: dict):
-        if state["num_tokens"] != len(self.base) or state["shuffle"] != self.shuffle or state["seed"] != self.seed:
-            raise ValueError(f"the '{self.split}' data changed since the checkpoint (tokens {state['num_tokens']} -> "
-                             f"{len(self.base)}, shuffle {state['shuffle']} -> {self.shuffle}, seed {state['seed']} -> "
-                             f"{self.seed})")
-        self.epoch, self.position = state["epoch"], state["position"]
-        self.stream = self._stream_for(self.epoch)
+        mine = self.state_dict()
+        if any(state.get(k) != mine[k] for k in mine if k != "taken") or state["taken"] % self.world:
+            raise ValueError(f"the train data or its batching changed since the checkpoint ({state} -> {mine})")
+        self.taken = state["taken"]
 
 # ----------------------------------------------------------------------------------------------------------
 # Learning-rate schedule
@@ -652,20 +650,20 @@ def all_ranks_agree(flag: bool, rt: Runtime) -> bool:
 # Evaluation and metrics
 
 @torch.no_grad()
-def evaluate_val_loss(model: GPT, stream: TokenStream, val_tokens: int, B: int, T: int, rt: Runtime, dtype: str,
-                      vocab_size: Optional[int] = None) -> float:
-    """Mean loss over the first val_tokens targets of the val stream: val_tokens/T sequences of T, sequence i
-    scored by rank i % world, so the tokens are the same for any world size or batch size."""
-    if val_tokens <= 0 or val_tokens % T or val_tokens + 1 > len(stream):
+def evaluate_val_loss(model: GPT, shards: list[np.ndarray], names: list[str], val_tokens: int, B: int, T: int,
+                      rt: Runtime, dtype: str, vocab_size: Optional[int] = None) -> float:
+    """Mean loss over the first val_tokens targets of the val split, its first val_tokens/T windows of T+1 tokens;
+    window i is scored by rank i % world, so the tokens are the same for any world size or batch size."""
+    seqs = windows([len(s) for s in shards], T)
+    if val_tokens <= 0 or val_tokens % T or val_tokens // T > len(seqs):
         raise ValueError(f"val_tokens ({val_tokens}) must be a positive multiple of seq_len ({T}) and fit the val split "
-                         f"({len(stream)} tokens)")
+                         f"({len(seqs)} sequences of {T} tokens)")
     model.eval()
     loss_sum, count = torch.zeros((), dtype=torch.float64, device=rt.device), 0
-    mine = list(range(rt.rank, val_tokens // T, rt.world_size))
+    mine = seqs[rt.rank : val_tokens // T : rt.world_size]
     for i in range(0, len(mine), B):
-        rows = np.stack([stream.read(j * T, T + 1) for j in mine[i : i + B]])
-        check_token_ids(rows, vocab_size, "the val split " + ", ".join(stream.names))
-        rows = torch.from_numpy(rows.astype(np.int64)).to(rt.device)
+        rows = torch.stack([read_window(shards, names, k, start, T + 1, vocab_size) for k, start in mine[i : i + B]])
+        rows = rows.to(rt.device)
         with autocast_context(rt.device_type, dtype):
             _, loss = model(rows[:, :-1], rows[:, 1:])  # the training loss itself: one definition of it
         loss_sum, count = loss_sum + loss.double() * rows[:, 1:].numel(), count + rows[:, 1:].numel()
@@ -675,30 +673,32 @@ def evaluate_val_loss(model: GPT, stream: TokenStream, val_tokens: int, B: int, 
     model.train()
     return (sums[0] / sums[1]).item()
 
-def sample_texts(model: GPT, prompt: str, num_samples: int, max_new_tokens: int, top_k: Optional[int],
+def sample_texts(model: GPT, enc, prompt: str, num_samples: int, max_new_tokens: int, top_k: Optional[int],
                  temperature: float, seed: int, device: str) -> list[str]:
-    """Seeded top-k samples continuing `prompt`, decoded; padded vocabulary ids are never drawn."""
-    enc = get_tokenizer()
-    prompt_ids = enc.encode(prompt) or [EOT_TOKEN]
-    if len(prompt_ids) >= model.config.block_size:
-        raise ValueError(f"prompt is {len(prompt_ids)} tokens, the model's context is {model.config.block_size}")
+    """Seeded top-k samples continuing `prompt`, encoded and decoded with enc (<|endoftext|> in the prompt is
+    GPT-2's special token); ids past the tokenizer's (a padded table's extra rows) are never drawn."""
+    if model.config.vocab_size < enc.n_vocab:
+        raise ValueError(f"the model's vocabulary ({model.config.vocab_size} ids) is smaller than the {enc.name} "
+                         f"tokenizer's ({enc.n_vocab}): it was not trained on these ids")
+    prompt_ids = enc.encode(prompt, allowed_special="all") or ([enc.eot_token] if enc.eot_token is not None else [])
+    if not 0 < len(prompt_ids) < model.config.block_size:
+        raise ValueError(f"the prompt is {len(prompt_ids)} tokens; the model needs 1 to {model.config.block_size - 1}")
     idx = torch.tensor(prompt_ids, dtype=torch.long, device=device).repeat(num_samples, 1)
     was_training = model.training
     model.eval()
     out = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k,
-                         generator=torch.Generator(device=device).manual_seed(seed),
-                         vocab_limit=min(enc.n_vocab, model.config.vocab_size))
+                         generator=torch.Generator(device=device).manual_seed(seed), vocab_limit=enc.n_vocab)
     model.train(was_training)
     return [enc.decode(row.tolist()) for row in out]
 
-def load_hellaswag(cfg: TrainConfig, rt: Runtime, log) -> list:
-    """HellaSwag val examples, or [] with a message when they cannot be had (e.g. offline). Rank 0 goes first,
-    so the file is downloaded once; the same answer on every rank, since all of them call evaluate()."""
+def load_hellaswag(cfg: TrainConfig, rt: Runtime, enc, log) -> list:
+    """HellaSwag val examples, or [] with a message when they cannot be had (offline, or a model that does not
+    speak GPT-2's tokens). Rank 0 goes first, so the file is downloaded once; all ranks get the same answer."""
     import hellaswag  # beside this file; it does not import this module back
 
-    examples, error = [], None
+    examples, error = [], None if enc.name == "gpt2" else f"the model's tokenizer is {enc.name}, not GPT-2's"
     for turn in (0, 1):
-        if (rt.rank == 0) == (turn == 0):
+        if (rt.rank == 0) == (turn == 0) and error is None:
             try:
                 examples = hellaswag.load_examples("val", data=cfg.hellaswag_data or None)
             except (FileNotFoundError, OSError, ValueError) as e:
@@ -736,52 +736,92 @@ class Metrics:
 # ----------------------------------------------------------------------------------------------------------
 # Training
 
+class SpikeGuard:
+    """Flags an update whose loss or grad norm lies more than z standard deviations above the mean of the last
+    `window` accepted updates (none before `warmup` of them): one bad batch is skipped instead of derailing the
+    run (llm.c's outlier rule). z = 0 turns it off. Its history goes into checkpoints, so a resume decides alike."""
+
+    def __init__(self, z: float, window: int = 128, warmup: int = 16, history: Optional[list] = None):
+        self.z, self.window, self.warmup, self.history = z, window, warmup, list(history or [])
+
+    def spike(self, loss: float, norm: float) -> Optional[float]:
+        """The larger z-score of (loss, norm) if it is over the threshold, else None."""
+        if self.z <= 0 or len(self.history) < self.warmup:
+            return None
+        past = np.array(self.history[-self.window :])  # (n, 2)
+        score = float(((np.array([loss, norm]) - past.mean(0)) / (past.std(0) + 1e-8)).max())
+        return score if score > self.z else None
+
+    def accept(self, loss: float, norm: float):
+        self.history = (self.history + [(loss, norm)])[-self.window :]
+
 @dataclass
 class Run:
     """What a training run holds across steps: made by start_run, saved by save_checkpoint."""
     cfg: TrainConfig
     rt: Runtime
+    enc: object  # the data's tokenizer (GPT-2's, or a CharTokenizer): samples are decoded with it
     model: GPT  # the plain module: evaluation, sampling and checkpoints use it
     train_model: nn.Module  # the module that trains: `model` compiled and/or wrapped in DDP (the same weights)
-    optimizer: torch.optim.Optimizer
+    optimizers: list  # AdamW; with --optimizer muon, Muon for the blocks' matrices as well
     train_loader: DataLoaderLite
-    val_stream: Optional[TokenStream]
+    val: Optional[tuple]  # (the val split's shards, their names)
     dtype: str  # autocast dtype: "bfloat16" | "float32"
     grad_accum: int  # micro-steps per optimizer step
+    guard: SpikeGuard
     step: int = 0  # optimizer steps taken so far
     evals_done: bool = False  # the evaluations of `step` are already logged (a resumed end-of-run checkpoint)
     val_loss: Optional[float] = None  # a resumed run's newest val loss, until this run measures its own
+    skipped: int = 0  # updates skipped as spikes
     hellaswag: Optional[list] = None  # loaded at the first HellaSwag evaluation
+    lineage: dict = field(default_factory=dict)  # id, parent, and the suffix of this lineage's file names
+    resumed_from: Optional[str] = None
 
-def build_model(cfg: TrainConfig) -> GPT:
-    """From scratch with cfg's shape, or the weights named by --init_from (cropped to block_size if shorter)."""
+def build_model(cfg: TrainConfig, enc, known_tokenizer: bool) -> GPT:
+    """From scratch with cfg's shape, or the weights named by --init_from (cropped to block_size if shorter). The
+    vocabulary: --vocab_size, or the data's (GPT-2's 50,257 padded to 50,304, a multiple of 128, for speed)."""
     if cfg.init_from == "scratch":
-        return GPT(GPTConfig(cfg.block_size, cfg.vocab_size, cfg.n_layer, cfg.n_head, cfg.n_embd))
-    model = load_model(cfg.init_from)
+        vocab = cfg.vocab_size or (50304 if enc.name == "gpt2" else enc.n_vocab)
+        if known_tokenizer and vocab < enc.n_vocab:
+            raise ValueError(f"--vocab_size {vocab} is smaller than the data's {enc.name} tokenizer ({enc.n_vocab} ids)")
+        return GPT(GPTConfig(cfg.block_size, vocab, cfg.n_layer, cfg.n_head, cfg.n_embd))
+    model, model_enc = load_model(cfg.init_from)
+    if known_tokenizer and (model_enc.name, model_enc.n_vocab) != (enc.name, enc.n_vocab):
+        raise ValueError(f"--init_from {cfg.init_from} was trained on the {model_enc.name} tokenizer; the data in "
+                         f"{cfg.data_root} is {enc.name} ({enc.n_vocab} ids)")
     if cfg.block_size < model.config.block_size:
         model.crop_block_size(cfg.block_size)
     if cfg.seq_len > model.config.block_size:
         raise ValueError(f"--seq_len ({cfg.seq_len}) exceeds the context of {cfg.init_from} ({model.config.block_size})")
     return model
 
-def start_run(cfg: TrainConfig, rt: Runtime, log) -> Run:
-    """Everything a run needs before its first step: model, optimizer, data, and a resumed run's state."""
+def start_run(cfg: TrainConfig, rt: Runtime, lock: LogDirLock, log) -> Run:
+    """Everything a run needs before its first step, checked before anything is written: data, model, optimizers
+    and a resumed run's state. Only then is log_dir made (locked against a second run) and header.txt written,
+    so a run that fails its checks leaves no files behind."""
     B, T = cfg.batch_size, cfg.seq_len
     if cfg.total_batch_size % (B * T * rt.world_size):
         raise ValueError(f"--total_batch_size {cfg.total_batch_size} is not divisible by batch_size x seq_len x "
                          f"world_size = {B} x {T} x {rt.world_size} = {B * T * rt.world_size}")
-    log_dir = prepare_log_dir(cfg.log_dir, rt)
+    splits, manifest, note = find_shards(cfg.data_root)
+    if note:
+        log(f"note: {note}")
+    enc, sizes = tokenizer_from_manifest(manifest or {}), (manifest or {}).get("sizes", {})
     if rt.device_type == "cuda":  # TF32 for any fp32 matmul left outside autocast
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-    model = build_model(cfg).to(rt.device)
-    run = Run(cfg, rt, model, model, model.configure_optimizers(cfg.weight_decay, cfg.max_lr, rt.device_type),
-              DataLoaderLite(cfg.data_root, "train", B, T, rt.rank, rt.world_size, model.config.vocab_size,
-                             cfg.shuffle_shards, cfg.seed),
-              TokenStream.from_split(cfg.data_root, "val") if cfg.eval_interval else None,
+    model = build_model(cfg, enc, manifest is not None).to(rt.device)
+    vocab = model.config.vocab_size
+    run = Run(cfg, rt, enc, model, model, [model.configure_optimizers(cfg.weight_decay, cfg.max_lr, rt.device_type)],
+              DataLoaderLite(splits["train"], B, T, rt.rank, rt.world_size, vocab, cfg.shuffle, cfg.seed, sizes),
+              ([open_shard(p, sizes.get(p)) for p in splits["val"]], [p.name for p in splits["val"]])
+              if cfg.eval_interval else None,
               dtype=cfg.dtype if cfg.dtype != "auto" else ("bfloat16" if rt.device_type == "cuda" else "float32"),
-              grad_accum=cfg.total_batch_size // (B * T * rt.world_size))
-    resumed_from = resume(run, log_dir, log) if cfg.resume else None
+              grad_accum=cfg.total_batch_size // (B * T * rt.world_size), guard=SpikeGuard(cfg.skip_spikes))
+    log_dir = Path(cfg.log_dir)
+    lock.claim(create=False)  # if log_dir exists, no other run may change its checkpoints from here on
+    resume(run, log_dir, log)
+    lock.claim(create=True)
     use_compile = cfg.compile == "true" or (cfg.compile == "auto" and rt.device_type == "cuda")
     run.train_model = torch.compile(model) if use_compile else model
     if rt.ddp:
@@ -790,7 +830,9 @@ def start_run(cfg: TrainConfig, rt: Runtime, log) -> Run:
         run.train_model = DDP(run.train_model, device_ids=[rt.local_rank] if rt.device_type == "cuda" else None)
     if rt.master:
         write_header(log_dir, cfg, rt, {"num_params": model.num_params(), "grad_accum_steps": run.grad_accum,
-                                        "dtype": run.dtype, "compile": use_compile, "resumed_from": resumed_from})
+                                        "dtype": run.dtype, "compile": use_compile, "resumed_from": run.resumed_from,
+                                        "lineage": run.lineage, "data": {k: v for k, v in (manifest or {}).items()
+                                                                         if k in ("dataset", "tokenizer", "source")}})
     log(f"{model.num_params():,} parameters | {rt.world_size} process(es) on {rt.device} | {run.dtype} | "
         f"compile {use_compile}")
     log(f"total batch {cfg.total_batch_size:,} tokens = {B} x {T} x {rt.world_size} ranks x {run.grad_accum} micro-steps")
@@ -805,30 +847,33 @@ def evaluate(run: Run, step: int, metrics: Metrics, log):
     them), and samples (rank 0)."""
     cfg, rt, model = run.cfg, run.rt, run.model
     if is_due(step, cfg.eval_interval, cfg.max_steps):
-        metrics.report(step, val=evaluate_val_loss(model, run.val_stream, cfg.val_tokens, cfg.batch_size, cfg.seq_len,
-                                                   rt, run.dtype, model.config.vocab_size))
+        metrics.report(step, val=evaluate_val_loss(model, *run.val, cfg.val_tokens, cfg.batch_size, cfg.seq_len, rt,
+                                                   run.dtype, model.config.vocab_size))
     if is_due(step, cfg.hellaswag_interval, cfg.max_steps):
-        run.hellaswag = run.hellaswag if run.hellaswag is not None else load_hellaswag(cfg, rt, log)
+        run.hellaswag = run.hellaswag if run.hellaswag is not None else load_hellaswag(cfg, rt, run.enc, log)
         if run.hellaswag:
             import hellaswag
 
-            result = hellaswag.evaluate(model, run.hellaswag, rt.device, enc=get_tokenizer(), rank=rt.rank,
+            result = hellaswag.evaluate(model, run.hellaswag, rt.device, enc=run.enc, rank=rt.rank,
                                         world_size=rt.world_size,
                                         autocast_dtype=torch.bfloat16 if run.dtype == "bfloat16" else None)
             metrics.report(step, hella=result["acc_norm"])
     if is_due(step, cfg.sample_interval, cfg.max_steps) and rt.master:
-        for text in sample_texts(model, cfg.sample_prompt, 4, 32, 50, 1.0, cfg.seed, rt.device):
+        for text in sample_texts(model, run.enc, cfg.sample_prompt, 4, 32, 50, 1.0, cfg.seed, rt.device):
             log(f"sample: {text!r}")
 
 def train(cfg: TrainConfig, log=print) -> dict:
     """Train as configured (one process, or one rank under torchrun); return the final metrics."""
     rt = setup_runtime(cfg.device)
+    lock = LogDirLock(cfg.log_dir, rt)  # one run per log_dir
     try:
         log = log if rt.master else (lambda *args: None)
-        run = start_run(cfg, rt, log)
-        model, train_model, optimizer, loader = run.model, run.train_model, run.optimizer, run.train_loader
+        run = start_run(cfg, rt, lock, log)
+        model, train_model, loader = run.model, run.train_model, run.train_loader
         metrics = Metrics(Path(cfg.log_dir), rt.master, log, start_wandb(cfg, rt))
-        metrics.latest["val"] = run.val_loss  # a resumed run's, until this run measures its own
+        metrics.latest.update(val=run.val_loss, skipped=run.skipped)  # a resumed run's, until this run's own
+        if run.step == cfg.max_steps and run.evals_done:  # a finished run, resumed: nothing to do or rewrite
+            return {**metrics.latest, "step": run.step, "checkpoint": run.resumed_from}
         fixed_batch = loader.next_batch() if cfg.overfit_batch else None
         flops, peak = flops_per_token(model, cfg.seq_len), peak_flops(rt.device_type, cfg.peak_flops)
         with StopSignal() as stop:
@@ -838,7 +883,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
                 if step == cfg.max_steps:
                     break
                 t0 = time.time()
-                optimizer.zero_grad(set_to_none=True)
+                model.zero_grad(set_to_none=True)
                 loss_accum = torch.zeros((), device=rt.device)
                 for micro in range(run.grad_accum):
                     x, y = fixed_batch if cfg.overfit_batch else loader.next_batch()
@@ -857,18 +902,18 @@ def train(cfg: TrainConfig, log=print) -> dict:
                 norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or float("inf"))
                 lr = get_lr(step, cfg.max_lr, cfg.max_lr * cfg.min_lr_ratio, cfg.warmup_steps,
                             cfg.lr_decay_steps or cfg.max_steps)
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
+                for group in (group for opt in run.optimizers for group in opt.param_groups):
+                    group["lr"] = lr * group.get("lr_scale", 1.0)  # Muon's groups run at their own scale
                 loss_value, norm_value = loss_accum.item(), norm.item()  # the one host sync of a step
-                if math.isfinite(loss_value) and math.isfinite(norm_value):
-                    optimizer.step()
-                elif cfg.skip_nonfinite:
-                    log(f"step {step:5d} | non-finite loss {loss_value} / grad norm {norm_value}: update skipped")
+                if not (math.isfinite(loss_value) and math.isfinite(norm_value)):
+                    check_nonfinite(run, step, loss_value, norm_value, log)  # raises unless --skip_nonfinite
+                elif (z := run.guard.spike(loss_value, norm_value)) is not None:
+                    run.skipped += 1
+                    metrics.report(step, spike=z, skipped=run.skipped)  # this update is skipped
                 else:
-                    good = checkpoint_paths(cfg.log_dir)
-                    raise NonFiniteError(f"non-finite loss {loss_value} / grad norm {norm_value} at step {step}; "
-                                         f"last good checkpoint: {good[-1] if good else 'none'} "
-                                         "(lower --max_lr, or pass --skip_nonfinite true)")
+                    run.guard.accept(loss_value, norm_value)
+                    for opt in run.optimizers:
+                        opt.step()
                 if rt.device_type == "cuda":
                     torch.cuda.synchronize()  # the step's GPU work is done: now the clock means something
                 dt = time.time() - t0
@@ -888,6 +933,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
             metrics.wandb_run.finish()
         return {**metrics.latest, "step": run.step, "checkpoint": str(path)}
     finally:
+        lock.release()
         teardown_runtime(rt)
 
 def to_device(t: torch.Tensor, rt: Runtime) -> torch.Tensor:
@@ -946,91 +992,219 @@ def main(argv: Optional[list[str]] = None):
 
 # ----------------------------------------------------------------------------------------------------------
 # Plumbing: what a run needs and a reader changing the model or the loop does not. Checkpoint files and model
-# loading, resume lookup and pruning, RNG capture, atomic writes, the log directory, the plot refresh, signals,
-# the run header, process-group start-up, and the FLOP arithmetic of MFU.
+# loading, lineages, resume lookup and pruning, the log directory's lock, RNG capture, atomic writes, path checks,
+# the plot refresh, signals, the run header, process-group start-up, and the FLOP arithmetic of MFU.
 
 class NonFiniteError(RuntimeError):
     """The loss or gradient norm became inf/NaN."""
 
-def load_checkpoint(path: str | os.PathLike) -> dict:
-    """A checkpoint written by this script: plain tensors and dicts, loaded without running any code."""
-    if not (path := Path(path)).is_file():
-        raise FileNotFoundError(f"checkpoint {path} does not exist")
+def check_nonfinite(run: Run, step: int, loss: float, norm: float, log):
+    """A non-finite loss or grad norm stops the run, naming the last good checkpoint (--skip_nonfinite: skip it)."""
+    if not run.cfg.skip_nonfinite:
+        good = checkpoint_paths(run.cfg.log_dir, run.lineage["suffix"])
+        raise NonFiniteError(f"non-finite loss {loss} / grad norm {norm} at step {step}; last good checkpoint: "
+                             f"{good[-1] if good else 'none'} (lower --max_lr, or pass --skip_nonfinite true)")
+    log(f"step {step:5d} | non-finite loss {loss} / grad norm {norm}: update skipped")
+
+def check_path(path: str | os.PathLike, what: str, is_dir: bool) -> Path:
+    """path if it is there and of the right kind; else one line naming it: missing, a symlink loop, no permission,
+    or a file where a directory belongs (or the other way round)."""
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        mode = (p := Path(path)).stat().st_mode
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{what} {path} does not exist") from None
+    except OSError as e:
+        raise ValueError(f"{what} {path}: {e.strerror}") from None
+    if stat.S_ISDIR(mode) != is_dir:
+        kinds = ("directory", "file") if stat.S_ISDIR(mode) else ("file", "directory")
+        raise ValueError(f"{what} {path} is a {kinds[0]}, not a {kinds[1]}")
+    if not os.access(p, os.R_OK | (os.X_OK if is_dir else 0)):
+        raise ValueError(f"{what} {path}: permission denied")
+    return p
+
+def load_checkpoint(path: str | os.PathLike) -> dict:
+    """A checkpoint written by this script: plain tensors and dicts, loaded without running any code (and memory-
+    mapped: only what is used is read)."""
+    path = check_path(path, "checkpoint", is_dir=False)
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:  # truncated file, not a torch file, or pickled objects weights_only refuses
         raise ValueError(f"{path} is not a readable checkpoint of this script ({type(e).__name__}: {e})") from None
     if not isinstance(ckpt, dict) or "model" not in ckpt or "model_config" not in ckpt:
         raise ValueError(f"{path} is not a checkpoint of this script (no 'model' / 'model_config' entries)")
     return ckpt
 
-def load_model(source: str, device: str = "cpu") -> GPT:
-    """A model from one of our checkpoints (a file), a local Hugging Face directory, or a GPT-2 hub name."""
-    if Path(source).is_file() or str(source).endswith(".pt"):
+def load_model(source: str, device: str = "cpu") -> tuple[GPT, object]:
+    """A model and the tokenizer its ids mean: one of our checkpoints (a .pt file), a local Hugging Face directory
+    or a GPT-2 hub name (these two with GPT-2's tokenizer)."""
+    if str(source).endswith(".pt") or Path(source).is_file():
         ckpt = load_checkpoint(source)
         model = GPT(GPTConfig(**ckpt["model_config"]))
         model.load_state_dict(ckpt["model"])
-    else:
-        model = GPT.from_pretrained(str(source))
-    return model.to(device)
+        return model.to(device), tokenizer_from_manifest(ckpt.get("tokenizer", {}))
+    return GPT.from_pretrained(str(source)).to(device), get_tokenizer()
 
 def save_checkpoint(run: Run, val_loss: Optional[float]) -> Path:
-    """log_dir/model_{step:05d}.pt, written atomically by rank 0: weights, optimizer, loader position, RNG states
-    and configs as plain data; then old ones pruned and curves.png redrawn. Every rank waits for the file."""
-    path = Path(run.cfg.log_dir) / f"model_{run.step:05d}.pt"
+    """model_{step:05d}[_{lineage}].pt in log_dir, written atomically by rank 0: weights, optimizers, loader position,
+    RNG states, spike history, tokenizer, lineage and configs, as plain data; then this lineage's old checkpoints are
+    pruned and curves.png redrawn. Every rank waits for the file."""
+    path = Path(run.cfg.log_dir) / f"model_{run.step:05d}{run.lineage['suffix']}.pt"
     if run.rt.master:
         if not all(torch.isfinite(p).all() for p in run.model.parameters()):
             raise NonFiniteError(f"refusing to checkpoint non-finite weights at step {run.step}")
-        ckpt = {"model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
+        enc = {"tokenizer": run.enc.name, **({"vocab": run.enc.chars} if run.enc.name == "char" else {})}
+        ckpt = {"model": run.model.state_dict(), "optimizer": run.optimizers[0].state_dict(),
+                "muon": run.optimizers[1].state_dict() if len(run.optimizers) > 1 else None,
                 "model_config": dataclasses.asdict(run.model.config), "train_config": dataclasses.asdict(run.cfg),
-                "step": run.step, "evals_done": run.evals_done, "val_loss": val_loss,
-                "train_loader": run.train_loader.state_dict(), "rng": capture_rng_state()}
-        atomic_write(path, lambda f: torch.save(ckpt, f))
-        prune_checkpoints(run.cfg.log_dir, run.cfg.keep_last)
+                "tokenizer": enc, "step": run.step, "evals_done": run.evals_done, "val_loss": val_loss,
+                "train_loader": run.train_loader.state_dict(), "rng": capture_rng_state(),
+                "spikes": {"history": run.guard.history, "skipped": run.skipped},
+                "lineage": {k: v for k, v in run.lineage.items() if k != "suffix"}}
+        try:
+            atomic_write(path, lambda f: torch.save(ckpt, f))
+        except OSError as e:  # a full disk, most often: the temp file is gone, every earlier checkpoint intact
+            raise OSError(f"could not write {path} ({e.strerror or e}); earlier checkpoints are intact: free some "
+                          "space, then rerun with --resume auto") from None
+        if run.cfg.keep_last:  # the oldest of this lineage only
+            for old in checkpoint_paths(run.cfg.log_dir, run.lineage["suffix"])[: -run.cfg.keep_last]:
+                old.unlink(missing_ok=True)
         refresh_plot(run.cfg.log_dir)
     if run.rt.ddp:
         dist.barrier()  # nobody races ahead (or exits) before the file exists
     return path
 
-def resume(run: Run, log_dir: Path, log) -> Optional[str]:
-    """Load --resume's checkpoint into run (weights, optimizer, loader, RNG, step); the path it came from."""
-    if run.cfg.resume == "auto":
-        path, ckpt, warnings = newest_valid_checkpoint(log_dir)
-        for w in warnings:
-            log(f"warning: {w}")
+def resume(run: Run, log_dir: Path, log):
+    """Load --resume's checkpoint into run (auto: the usable one written last in log_dir, if any): weights,
+    optimizers, loader, RNG, step; then choose the run's lineage."""
+    cfg, path, ckpt = run.cfg, None, None
+    if cfg.resume == "auto":
+        path, ckpt = newest_usable_checkpoint(log_dir, log)
         if ckpt is None:
             log(f"no checkpoint in {log_dir}: starting fresh")
-            return None
-    else:
-        path, ckpt = run.cfg.resume, load_checkpoint(run.cfg.resume)
-    if GPTConfig(**ckpt["model_config"]) != run.model.config:
-        raise ValueError(f"{path} holds a model of shape {ckpt['model_config']}, this run builds {run.model.config}")
-    run.model.load_state_dict(ckpt["model"])
-    run.optimizer.load_state_dict(ckpt["optimizer"])
-    run.train_loader.load_state_dict(ckpt["train_loader"])
-    restore_rng_state(ckpt["rng"])
-    run.step, run.evals_done, run.val_loss = ckpt["step"], ckpt["evals_done"], ckpt["val_loss"]
-    log(f"resumed from {path} at step {run.step}")
-    return str(path)
+    elif cfg.resume:
+        path = Path(cfg.resume)
+        ckpt = check_training_checkpoint(path, load_checkpoint(path))
+    if ckpt is not None:
+        if GPTConfig(**ckpt["model_config"]) != run.model.config:
+            raise ValueError(f"{path} holds a model of shape {ckpt['model_config']}, this run builds {run.model.config}")
+        if ckpt["step"] > cfg.max_steps:
+            raise ValueError(f"--max_steps {cfg.max_steps} is below the step of {path} ({ckpt['step']}): raise "
+                             "--max_steps, or resume an earlier checkpoint with --resume PATH")
+        run.model.load_state_dict(ckpt["model"])
+        for opt, state in zip(run.optimizers, (ckpt["optimizer"], ckpt.get("muon"))):
+            opt.load_state_dict(state)
+        run.train_loader.load_state_dict(ckpt["train_loader"])
+        restore_rng_state(ckpt["rng"])
+        run.step, run.evals_done, run.val_loss = ckpt["step"], ckpt["evals_done"], ckpt["val_loss"]
+        run.guard.history, run.skipped = ckpt.get("spikes", {}).get("history", []), ckpt.get("spikes", {}).get("skipped", 0)
+        run.resumed_from = str(path)
+    run.lineage = choose_lineage(log_dir, path, ckpt, run.rt)
+    branch = f"; a new lineage {run.lineage['id']} branches from it" if ckpt and run.lineage["parent"] else ""
+    log(f"resumed from {path} at step {run.step}{branch}" if ckpt else f"lineage {run.lineage['id']} starts")
+    if run.lineage["suffix"]:
+        log(f"note: {log_dir} holds other runs' checkpoints: this run writes model_NNNNN{run.lineage['suffix']}.pt")
 
-def checkpoint_paths(log_dir: str | os.PathLike) -> list[Path]:
-    """model_{step:05d}.pt files of log_dir, oldest first."""
-    found = [(int(m[1]), p) for p in Path(log_dir).glob("model_*.pt") if (m := re.fullmatch(r"model_(\d+)\.pt", p.name))]
-    return [p for _, p in sorted(found)]
+def check_training_checkpoint(path: Path, ckpt: dict) -> dict:
+    if not {"optimizer", "train_loader", "rng", "step"} <= set(ckpt):
+        raise ValueError(f"{path} holds weights but no optimizer or loader state to resume; start from its weights "
+                         f"with --init_from {path}")
+    return ckpt
 
-def newest_valid_checkpoint(log_dir: str | os.PathLike) -> tuple[Optional[Path], Optional[dict], list[str]]:
-    """The newest checkpoint that loads, skipping unreadable ones (returned as warnings)."""
-    warnings = []
-    for path in reversed(checkpoint_paths(log_dir)):
+def choose_lineage(log_dir: Path, path: Optional[Path], ckpt: Optional[dict], rt: Runtime) -> dict:
+    """This run's lineage {id, parent, suffix}. Resuming the newest readable checkpoint of a lineage continues it
+    (its id and file names); a fresh run, or a resume from an older checkpoint (a branch), starts a new one. A
+    log_dir's first lineage writes model_{step:05d}.pt, any other model_{step:05d}_{id}.pt, so that no run writes
+    over or prunes a checkpoint of another lineage."""
+    lineage = {"id": new_lineage_id(rt), "parent": None}
+    if ckpt is not None:
+        suffix = (m[2] or "") if (m := CHECKPOINT.fullmatch(path.name)) else None  # None: not named as we name them
+        newer = suffix is not None and any(checkpoint_step(p) > ckpt["step"] and readable(p)
+                                           for p in checkpoint_paths(path.parent, suffix))
+        if suffix is None or newer:  # a branch: a new lineage, whose parent is that checkpoint
+            lineage["parent"] = {"file": str(path), "step": ckpt["step"]}
+        else:  # continue its lineage, with its file names if it lives here
+            lineage = ckpt.get("lineage") or {"id": suffix[1:] or lineage["id"], "parent": None}
+            if path.parent.resolve() == log_dir.resolve():
+                return {**lineage, "suffix": suffix}
+    taken = log_dir.is_dir() and checkpoint_paths(log_dir, "")  # another lineage holds the plain names
+    return {**lineage, "suffix": f"_{lineage['id']}" if taken else ""}
+
+def new_lineage_id(rt: Runtime) -> str:
+    ids = [secrets.token_hex(4)]
+    if rt.ddp:
+        dist.broadcast_object_list(ids, src=0)  # rank 0's, on every rank
+    return ids[0]
+
+CHECKPOINT = re.compile(r"model_(\d+)(_[0-9a-f]{8})?\.pt")  # model_{step:05d}[_{lineage}].pt
+
+def checkpoint_step(path: Path) -> int:
+    return int(CHECKPOINT.fullmatch(path.name)[1])
+
+def checkpoint_paths(log_dir: str | os.PathLike, suffix: Optional[str] = None) -> list[Path]:
+    """Checkpoint files of log_dir (only one lineage's: suffix '' for plain names, '_{id}' for the others), by step."""
+    found = [p for p in Path(log_dir).glob("model_*.pt")
+             if (m := CHECKPOINT.fullmatch(p.name)) and suffix in (None, m[2] or "")]
+    return sorted(found, key=checkpoint_step)
+
+def readable(path: Path) -> bool:
+    try:
+        return bool(load_checkpoint(path))
+    except (OSError, ValueError):
+        return False
+
+def newest_usable_checkpoint(log_dir: Path, log) -> tuple[Optional[Path], Optional[dict]]:
+    """The checkpoint written last in log_dir that can be resumed; the ones passed over are named in warnings."""
+    newest_first = sorted(checkpoint_paths(log_dir) if log_dir.is_dir() else [], reverse=True,
+                          key=lambda p: (p.stat().st_mtime_ns, checkpoint_step(p)))
+    for path in newest_first:
         try:
-            return path, load_checkpoint(path), warnings
-        except ValueError as e:
-            warnings.append(f"skipping unreadable checkpoint: {e}")
-    return None, None, warnings
+            return path, check_training_checkpoint(path, load_checkpoint(path))
+        except (OSError, ValueError) as e:
+            log(f"warning: skipping unusable checkpoint: {e}")
+    return None, None
 
-def prune_checkpoints(log_dir: str | os.PathLike, keep_last: int):
-    for path in checkpoint_paths(log_dir)[:-keep_last] if keep_last > 0 else []:
-        path.unlink(missing_ok=True)
+class LogDirLock:
+    """Rank 0's exclusive lock on --log_dir: flock on the directory itself, so no file is made and the lock dies
+    with its process (a killed run never blocks --resume auto). Released when the run ends."""
+
+    def __init__(self, log_dir: str, rt: Runtime):
+        self.path, self.rt, self.fd = Path(log_dir), rt, None
+
+    def release(self):
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def claim(self, create: bool):
+        """Lock log_dir if it exists (create: make it first); every rank raises if rank 0 could not."""
+        if self.path.exists() and not self.path.is_dir():
+            raise ValueError(f"--log_dir {self.path} exists and is not a directory")
+        error = None
+        if self.rt.master and self.fd is None and (create or self.path.is_dir()):
+            try:
+                self.path.mkdir(parents=True, exist_ok=True)
+                self.fd = os.open(self.path, os.O_RDONLY)
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                for stale in self.path.glob(".model_*.pt.tmp*"):  # left by a run killed while saving
+                    stale.unlink(missing_ok=True)
+            except BlockingIOError:
+                os.close(self.fd)
+                self.fd, error = None, ValueError(f"--log_dir {self.path} is in use by another run "
+                                                  f"({lock_holder(self.path)}); wait for it, or choose another --log_dir")
+            except OSError as e:
+                error = OSError(f"--log_dir {self.path}: {e.strerror or e}")
+        if all_ranks_agree(error is not None, self.rt):
+            raise error or ValueError(f"rank 0 could not claim --log_dir {self.path}")
+
+def lock_holder(path: Path) -> str:
+    """'pid N: its command line' of the process holding a flock on path, read from Linux's /proc/locks."""
+    st = path.stat()
+    key = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        pid = next(line.split()[4] for line in Path("/proc/locks").read_text().splitlines() if key in line.split())
+        return f"pid {pid}: {Path(f'/proc/{pid}/cmdline').read_bytes().replace(bytes(1), b' ').decode().strip()}"
+    except (OSError, StopIteration):
+        return "another process"
 
 def capture_rng_state() -> dict:
     """Every RNG a run touches, as tensors and plain lists (weights_only-loadable)."""
@@ -1059,16 +1233,6 @@ def atomic_write(path: Path, write):
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
-
-def prepare_log_dir(log_dir: str, rt: Runtime) -> Path:
-    """--log_dir, created by rank 0, and cleared of the temp files a kill during a checkpoint write leaves."""
-    if (path := Path(log_dir)).exists() and not path.is_dir():
-        raise ValueError(f"--log_dir {path} exists and is not a directory")
-    if rt.master:
-        path.mkdir(parents=True, exist_ok=True)
-        for stale in path.glob(".model_*.pt.tmp*"):
-            stale.unlink(missing_ok=True)
-    return path
 
 def refresh_plot(log_dir: str | os.PathLike):
     """Redraw log_dir/curves.png with plot.py. A plot never stops a run: problems are reported, not raised."""

@@ -63,7 +63,7 @@ def assets(tmp_path_factory):
     hf = GPT2LMHeadModel(config).eval()
     hf_dir = tmp / "hf"
     hf.save_pretrained(hf_dir)
-    model = load_model(str(hf_dir), "cpu")
+    model, _ = load_model(str(hf_dir), "cpu")
     ckpt = tmp / "ckpt.pt"
     torch.save({"model": model.state_dict(), "model_config": dataclasses.asdict(model.config)}, ckpt)
     examples = synthetic_examples(50)
@@ -215,13 +215,13 @@ def test_evaluate_restores_training_mode(assets):
 
 def _ddp_worker(rank, world_size, init_file, ckpt, data, out_dir):
     import hellaswag as hs  # a fresh process: the module under test, from the repo on sys.path
-    from train_gpt2 import get_tokenizer as tokenizer, load_model as load
+    from train_gpt2 import load_model as load
 
     torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
     try:
         torch.set_num_threads(1)
-        model, examples = load(ckpt, "cpu"), hs.load_examples(data=data)
-        result = hs.evaluate(model, examples, "cpu", enc=tokenizer(), batch_size=4, rank=rank, world_size=world_size)
+        (model, enc), examples = load(ckpt, "cpu"), hs.load_examples(data=data)
+        result = hs.evaluate(model, examples, "cpu", enc=enc, batch_size=4, rank=rank, world_size=world_size)
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
     finally:
         torch.distributed.destroy_process_group()

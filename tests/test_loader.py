@@ -1,10 +1,10 @@
-"""The data section of train_gpt2.py: shard discovery, the continuous token stream, DataLoaderLite (shifts,
-shard boundaries, simulated ranks, wrap, shuffle, resume, errors, memory) and evaluate_val_loss.
+"""The data section of train_gpt2.py: finding the shards (manifest.json or not), windows, DataLoaderLite (in order
+and shuffled, over simulated ranks, exactly-once epochs, resume), the errors, memory, and evaluate_val_loss.
 
-Shards are written here, not by fineweb.py: np.save of uint16 arrays whose tokens count up (0, 1, 2, ...)
-through the whole split, so a token's value is its position in the split's stream and every batch says
-exactly where it was read from."""
+Shards are written here, not by fineweb.py: np.save of uint16 arrays whose tokens count up (0, 1, 2, ...) through
+the whole split, so a token's value is its position in the split and every batch says where it was read from."""
 
+import json
 import tracemalloc
 
 import numpy as np
@@ -12,24 +12,22 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import train_gpt2
-from train_gpt2 import (GPT, DataLoaderLite, GPTConfig, Runtime, TokenStream, check_token_ids, evaluate_val_loss,
-                        list_shards, open_shard)
+from train_gpt2 import GPT, DataLoaderLite, GPTConfig, Runtime, evaluate_val_loss, find_shards, open_shard, windows
 
-# Uneven train shard sizes for windows of B*T = 2*4 = 8 tokens: shards far smaller than a window (0, 1, 3, 7),
+# Uneven train shard sizes for windows of B*T + 1 = 9 tokens: shards smaller than a window (0, 1, 3, 7),
 # larger ones, and 11 shards so that indices 000002 and 000010 both exist.
 SIZES = [23, 7, 0, 41, 3, 16, 1, 35, 9, 50, 12]
 B, T = 2, 4
 
 
 def write_split(root, split, sizes, first_index=0, prefix="x"):
-    """Write consecutive `split` shards whose tokens count up from 0; return the split's whole stream."""
+    """Write consecutive `split` shards whose tokens count up from 0; return their paths in index order."""
     root.mkdir(parents=True, exist_ok=True)
     stream = np.arange(sum(sizes), dtype=np.int64).astype(np.uint16)
     bounds = np.cumsum([0, *sizes])
-    for k in reversed(range(len(sizes))):  # written last-first: the loader must sort, not trust the directory
+    for k in reversed(range(len(sizes))):  # written last-first: the reader must sort, not trust the directory
         np.save(root / f"{prefix}_{split}_{first_index + k:06d}.npy", stream[bounds[k] : bounds[k + 1]])
-    return stream
+    return [root / f"{prefix}_{split}_{first_index + k:06d}.npy" for k in range(len(sizes))]
 
 
 @pytest.fixture
@@ -39,341 +37,198 @@ def data(tmp_path):
     return tmp_path, write_split(tmp_path, "train", SIZES, first_index=1)
 
 
-def loaders(root, W, b=B, t=T, **kwargs):
+def loaders(paths, W, **kwargs):
     """One DataLoaderLite per simulated rank of a world of W."""
-    return [DataLoaderLite(root, "train", b, t, process_rank=r, num_processes=W, **kwargs) for r in range(W)]
+    return [DataLoaderLite(paths, B, T, rank=r, world=W, **kwargs) for r in range(W)]
 
 
-def step(ranks):
-    """One step of every rank: the stream tokens it read (rank 0's window, rank 1's, ..., and the last target),
-    checking on the way each batch's dtype, shapes and x/y shift, and that the ranks' windows abut."""
-    xs, ys = [], []
-    for loader in ranks:
-        x, y = loader.next_batch()
-        assert x.dtype == y.dtype == torch.int64
-        assert x.shape == y.shape == (loader.B, loader.T)
-        x, y = x.reshape(-1).numpy(), y.reshape(-1).numpy()  # rows are consecutive in the stream
-        np.testing.assert_array_equal(y[:-1], x[1:])
-        xs.append(x)
-        ys.append(y)
-    for r in range(len(ranks) - 1):
-        assert ys[r][-1] == xs[r + 1][0], "rank r+1's window must start where rank r's targets end"
-    return np.concatenate([*xs, ys[-1][-1:]])
+def window_starts(x: torch.Tensor, y: torch.Tensor) -> int:
+    """The first token of a batch's window, after checking its shape, dtype and the x/y shift."""
+    assert x.dtype == y.dtype == torch.int64 and x.shape == y.shape == (B, T)
+    flat_x, flat_y = x.reshape(-1).numpy(), y.reshape(-1).numpy()
+    np.testing.assert_array_equal(flat_y[:-1], flat_x[1:])  # rows are consecutive: the targets are the next tokens
+    np.testing.assert_array_equal(flat_x, np.arange(flat_x[0], flat_x[0] + B * T))  # one window, no gap
+    return int(flat_x[0])
 
 
-def read_epochs(ranks, epochs=1):
-    """Step all ranks through `epochs` whole epochs (stopping at the batch that wraps, which is returned too):
-    per epoch, the tokens read in order, and the number of steps."""
-    out, tokens, steps, epoch = [], None, 0, ranks[0].epoch
-    while True:
-        got = step(ranks)
-        assert len({loader.epoch for loader in ranks}) == 1, "ranks must wrap on the same step"
-        if ranks[0].epoch != epoch:
-            out.append((tokens, steps))
-            if len(out) == epochs:
-                return out, got
-            tokens, steps, epoch = None, 0, ranks[0].epoch
-        if tokens is None:
-            tokens = got
-        else:
-            assert tokens[-1] == got[0], "a step must start at the previous step's last target"
-            tokens = np.concatenate([tokens, got[1:]])
-        steps += 1
+def expected_windows(sizes=SIZES) -> list[int]:
+    """Every window's first token, in order: windows of B*T+1 tokens at stride B*T inside each shard."""
+    offsets = np.cumsum([0, *sizes])
+    return [int(offsets[k] + s) for k, n in enumerate(sizes) for s in range(0, n - B * T, B * T)]
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Shards and the stream
+# Finding shards
 
 
-def test_list_shards_by_index_and_split(data):
-    root, _ = data
+def test_shards_are_found_by_index_and_split_and_temp_files_are_not_shards(data):
+    root, paths = data
     (root / "notes.txt").write_text("not a shard")
-    assert [p.name for p in list_shards(root, "train")] == [f"x_train_{i:06d}.npy" for i in range(1, 12)]
-    assert [p.name for p in list_shards(root, "val")] == ["x_val_000000.npy"]
+    splits, manifest, note = find_shards(root)
+    assert splits["train"] == paths and [p.name for p in splits["val"]] == ["x_val_000000.npy"]
+    assert manifest is None and "no manifest.json" in note and "1 val, 11 train" in note
 
 
-def test_list_shards_skips_fineweb_temp_files(data):
-    """fineweb.py writes each shard as `.{name}.tmp.npy` and renames it; a run started while it writes, or after
-    it was killed, must not read that half-written file as a shard."""
+def write_manifest(root, paths_by_split, **extra):
+    shards = [{"file": p.name, "split": split, "tokens": len(np.load(p))}
+              for split, paths in paths_by_split.items() for p in paths]
+    (root / "manifest.json").write_text(json.dumps({"tokenizer": "gpt2", "vocab_size": 50257, "shards": shards, **extra}))
+
+
+def test_a_manifest_decides_which_shards_and_checks_their_sizes(data):
+    root, paths = data
+    write_manifest(root, {"val": [root / "x_val_000000.npy"], "train": paths[:5]})
+    np.save(root / "other_train_000001.npy", np.zeros(100, np.uint16))  # not listed: not read
+    splits, manifest, note = find_shards(root)
+    assert splits["train"] == paths[:5] and note is None and manifest["sizes"][paths[0]] == SIZES[0]
+    loader = DataLoaderLite(splits["train"], B, T, sizes=manifest["sizes"])
+    assert loader.names == [p.name for p in paths[:5]]
+    original = np.load(paths[0])
+    np.save(paths[0], np.zeros(5, np.uint16))  # the shard changed after fineweb.py wrote the manifest
+    with pytest.raises(ValueError, match=r"x_train_000001.npy holds 5 tokens, manifest.json says 23; re-run fineweb.py"):
+        DataLoaderLite(splits["train"], B, T, sizes=manifest["sizes"])
+    np.save(paths[0], original)
+    paths[1].unlink()
+    with pytest.raises(FileNotFoundError, match="x_train_000002.npy is missing"):
+        DataLoaderLite(splits["train"], B, T, sizes=manifest["sizes"])
+    (root / "manifest.json").write_text("{not json")
+    with pytest.raises(ValueError, match="manifest.json is not fineweb.py's manifest"):
+        find_shards(root)
+
+
+@pytest.mark.parametrize("leftover", [".x_train_000012.npy.tmp123", ".fineweb_incomplete"])
+def test_an_unfinished_fineweb_output_is_refused(data, leftover):
+    """No manifest, and a temp file of fineweb.py's: it was killed mid-run, so the shards are a partial corpus."""
     root, _ = data
-    (root / ".x_train_000012.tmp.npy").write_bytes(b"half a shard")
-    assert [p.name for p in list_shards(root, "train")] == [f"x_train_{i:06d}.npy" for i in range(1, 12)]
-    assert len(DataLoaderLite(root, "train", B, T).base) == sum(SIZES)
+    (root / leftover).write_bytes(b"half a shard")
+    with pytest.raises(ValueError, match=r"has no manifest.json and holds an unfinished fineweb.py output"):
+        find_shards(root)
 
 
-def test_token_stream_reads_across_shards(data):
-    root, stream = data
-    ts = TokenStream.from_split(root, "train")
-    assert len(ts) == sum(SIZES)
-    assert ts.read(0, len(ts)).dtype == np.uint16
-    np.testing.assert_array_equal(ts.read(0, len(ts)), stream)
-    # 20..33 spans shards 1 (0..22), 2 (23..29), the empty 3 and 4 (30..70)
-    np.testing.assert_array_equal(ts.read(20, 14), np.arange(20, 34))
-    names = ts.shards_at(20, 14)  # the empty shard 3 in between may be named too: it holds nothing to blame
-    assert names[0] == "x_train_000001.npy" and names[-1] == "x_train_000004.npy" and "x_train_000002.npy" in names
-    assert ts.shards_at(71, 3) == ["x_train_000005.npy"]
-    assert len(ts.read(5, 0)) == 0
-    for start, n in [(-1, 2), (len(ts) - 3, 4)]:
-        with pytest.raises(IndexError):
-            ts.read(start, n)
-
-
-def test_open_shard_is_memory_mapped(data):
+def test_shards_of_two_corpora_are_refused(data):
     root, _ = data
-    tokens = open_shard(root / "x_train_000001.npy")
+    write_split(root, "train", [10], first_index=1, prefix="other")
+    with pytest.raises(ValueError, match="holds shards of 2 corpora"):
+        find_shards(root)
+
+
+def test_missing_and_wrong_kinds_of_data_directory(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist; create it with `python fineweb.py`"):
+        find_shards(tmp_path / "missing")
+    (tmp_path / "a_file").write_text("x")
+    with pytest.raises(ValueError, match="a_file is a file, not a directory"):
+        find_shards(tmp_path / "a_file")
+    with pytest.raises(FileNotFoundError, match="no 'val' shards"):
+        find_shards(tmp_path)
+
+
+def test_open_shard_is_memory_mapped_and_checks_its_type(data, tmp_path):
+    _, paths = data
+    tokens = open_shard(paths[0])
     assert isinstance(tokens, np.memmap) and tokens.dtype == np.uint16
     np.testing.assert_array_equal(tokens, np.arange(23))
+    np.save(tmp_path / "bad.npy", np.zeros(4, np.int32))
+    with pytest.raises(ValueError, match="expected a 1-D uint16 token array"):
+        open_shard(tmp_path / "bad.npy")
+    (tmp_path / "torn.npy").write_bytes(b"\x93NUMPY not really")
+    with pytest.raises(ValueError, match="torn.npy is not a readable .npy shard"):
+        open_shard(tmp_path / "torn.npy")
+
+
+def test_windows_cover_each_shard_without_gaps():
+    got = windows([10, 3, 9], 4)  # windows of 5 tokens at stride 4
+    assert got.tolist() == [[0, 0], [0, 4], [2, 0], [2, 4]]  # shard 1 (3 tokens) holds none; tails are unread
+    assert windows([], 4).shape == (0, 2)
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Batches: shift, continuity, ranks, wrap
+# Batches: in order, ranks, epochs
 
 
-def test_batch_is_a_shifted_window(data):
-    root, stream = data
-    loader = DataLoaderLite(root, "train", B, T)
-    for k in range(3):
-        x, y = loader.next_batch()
-        assert x.dtype == y.dtype == torch.int64 and x.shape == y.shape == (B, T)
-        start = k * B * T  # the next window starts at the previous window's last target, not after it
-        np.testing.assert_array_equal(x.numpy(), stream[start : start + B * T].reshape(B, T))
-        np.testing.assert_array_equal(y.numpy(), stream[start + 1 : start + B * T + 1].reshape(B, T))
+def read_all(ranks, steps):
+    """`steps` steps of every rank: the windows' first tokens in the order the world read them."""
+    return [window_starts(*loader.next_batch()) for _ in range(steps) for loader in ranks]
 
 
 @pytest.mark.parametrize("W", [1, 2, 3])
-def test_epoch_reads_the_concatenated_shards_without_gaps(data, W):
-    """Windows straddle shards (even several tiny ones) and nothing is skipped at a shard's end: one epoch reads
-    the stream from its first token up to a tail shorter than one step. (build-nanogpt's loader instead drops
-    up to W*B*T tokens at the end of every shard, and fails on a shard shorter than one step.)"""
-    root, stream = data
-    [(tokens, steps)], _ = read_epochs(loaders(root, W))
-    step_tokens = W * B * T
-    assert steps == (len(stream) - 1) // step_tokens  # every step that fits is taken
-    np.testing.assert_array_equal(tokens, stream[: steps * step_tokens + 1])
-    assert len(stream) - len(tokens) < step_tokens
+def test_in_order_the_world_reads_every_window_in_order(data, W):
+    """Rank r takes windows r, r+W, ...: together the ranks read the split in order, and epochs follow each
+    other with no window skipped at the seam (a step may straddle two epochs)."""
+    _, paths = data
+    order = expected_windows()
+    n = len(order)
+    got = read_all(loaders(paths, W), steps=(2 * n + W - 1) // W + 1)
+    assert got == (order * 3)[: len(got)]
 
 
-@pytest.mark.parametrize("W", [2, 3])
-def test_ranks_read_disjoint_windows_like_one_big_batch(data, W):
-    """W ranks of B rows read, step by step, exactly what one process of W*B rows reads: rank r the r-th
-    B*T tokens of each step's W*B*T."""
-    root, stream = data
-    ranks, single = loaders(root, W), loaders(root, 1, b=W * B)[0]
-    position = 0
-    for _ in range(2 * (len(stream) // (W * B * T)) + 3):  # past a wrap
-        together = step(ranks)
-        np.testing.assert_array_equal(together, step([single]))
-        assert all(loader.state_dict() == single.state_dict() for loader in ranks)  # one shared position
-        if single.epoch == 0:
-            np.testing.assert_array_equal(together, stream[position : position + W * B * T + 1])
-            position += W * B * T
-
-
-@pytest.mark.parametrize("W", [1, 2])
-@pytest.mark.parametrize("spare", [0, 1, 7])
-def test_wrap_starts_the_stream_again(tmp_path, W, spare):
-    """3 whole steps plus `spare` tokens: the 4th step wraps to epoch 1 at the stream's first token. With
-    spare=0 the stream's last token is used (as a target only); the tail left unread is `spare` < W*B*T."""
-    n = 3 * W * B * T + 1 + spare
-    stream = write_split(tmp_path, "train", [n // 2, n - n // 2], first_index=1)
-    ranks = loaders(tmp_path, W)
-    (tokens, steps), (tokens1, _) = read_epochs(ranks, epochs=2)[0]
-    assert steps == 3 and ranks[0].epoch == 2
-    np.testing.assert_array_equal(tokens, stream[: 3 * W * B * T + 1])
-    np.testing.assert_array_equal(tokens1, tokens)  # without shuffle, every epoch is the same
-    assert len(stream) - len(tokens) == spare < W * B * T
-
-
-def test_reset_goes_back_to_the_start(data):
-    root, stream = data
-    for shuffle in (False, True):
-        loader = DataLoaderLite(root, "train", B, T, shuffle=shuffle, seed=3)
-        first = step([loader])
-        for _ in range(30):  # into epoch 1 (24 steps per epoch)
-            step([loader])
-        assert loader.epoch == 1
-        loader.reset()
-        assert loader.epoch == 0
-        np.testing.assert_array_equal(step([loader]), first)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Shuffling the shard order
-
-SHUFFLE_SIZES = [16] * 12  # 12! orders: two seeds (or epochs) agreeing by chance is a 1 in 479,001,600 event
-
-
-def shard_order(tokens, sizes):
-    """The shard indices in the order an epoch's tokens came from them, checking that each shard was read
-    whole and in order (only the last one may stop early: the epoch's tail)."""
-    bounds = np.cumsum([0, *sizes])
-    owner = np.searchsorted(bounds, tokens, side="right") - 1
-    order = [int(owner[0])] + [int(b) for a, b in zip(owner[:-1], owner[1:]) if b != a]
-    expected = np.concatenate([np.arange(bounds[i], bounds[i + 1]) for i in order])[: len(tokens)]
-    np.testing.assert_array_equal(tokens, expected)
-    return order
-
-
-@pytest.fixture
-def shuffle_root(tmp_path):
-    write_split(tmp_path, "train", SHUFFLE_SIZES, first_index=1)
-    return tmp_path
-
-
-def epoch_orders(root, epochs, W=1, **kwargs):
-    ranks = loaders(root, W, b=1, **kwargs)  # windows of 4 tokens: at most 4*W of the last shard go unread
-    return [shard_order(tokens, SHUFFLE_SIZES) for tokens, _ in read_epochs(ranks, epochs)[0]]
-
-
-def test_no_shuffle_reads_index_order(shuffle_root):
-    assert epoch_orders(shuffle_root, 2) == [list(range(12))] * 2
-
-
-def test_shuffle_permutes_shards_per_epoch_reproducibly(shuffle_root):
-    orders = epoch_orders(shuffle_root, 3, shuffle=True, seed=5)
-    for order in orders:
-        assert sorted(order) == list(range(12))  # a permutation: every shard once, whole
-    assert orders[0] != list(range(12))
-    assert orders[0] != orders[1] != orders[2]  # a new order every epoch
-    assert epoch_orders(shuffle_root, 3, shuffle=True, seed=5) == orders  # same seed, same orders
-    assert epoch_orders(shuffle_root, 1, shuffle=True, seed=6)[0] != orders[0]
-
-
-@pytest.mark.parametrize("W", [2, 3])
-def test_shuffle_is_identical_across_ranks(shuffle_root, W):
-    """Ranks permute alike, so together they read one shuffled stream: the one a single process reads with
-    W times the rows and the same seed."""
-    ranks = loaders(shuffle_root, W, b=1, shuffle=True, seed=5)
-    single = loaders(shuffle_root, 1, b=W, shuffle=True, seed=5)
-    for _ in range(3 * 12 * 16 // (W * T)):  # about three epochs
-        np.testing.assert_array_equal(step(ranks), step(single))
-    assert ranks[0].epoch >= 2
-    orders = epoch_orders(shuffle_root, 2, W=W, shuffle=True, seed=5)
-    assert orders == epoch_orders(shuffle_root, 2, shuffle=True, seed=5)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Resuming: state_dict / load_state_dict
+@pytest.mark.parametrize("W", [1, 3])
+def test_shuffled_epochs_read_every_window_exactly_once(data, W):
+    """Each epoch is a seeded permutation (of shards, and of windows within each), the same on every rank; over
+    3 ranks and 2 epochs every window is read exactly once per epoch; the two epochs differ."""
+    _, paths = data
+    n = len(expected_windows())
+    ranks = loaders(paths, W, shuffle=True, seed=7)
+    got = read_all(ranks, steps=-(-2 * n // W))[: 2 * n]
+    first, second = got[:n], got[n:]
+    assert sorted(first) == sorted(second) == sorted(expected_windows())
+    assert first != second and first != expected_windows()
+    # windows of one shard stay together: the shard order is permuted, then the windows within each shard
+    shard_of = {w: k for k, s in enumerate(np.cumsum([0, *SIZES])[:-1]) for w in expected_windows() if w >= s}
+    runs = [shard_of[w] for w in first]
+    assert sum(a != b for a, b in zip(runs, runs[1:])) == len(set(runs)) - 1
+    again = read_all(loaders(paths, W, shuffle=True, seed=7), steps=-(-n // W))[:n]
+    assert again == first  # seeded: reproducible
+    other = read_all(loaders(paths, W, shuffle=True, seed=8), steps=-(-n // W))[:n]
+    assert other != first
 
 
 @pytest.mark.parametrize("shuffle", [False, True])
-@pytest.mark.parametrize("k", [0, 5, 12, 14])  # 12 steps per epoch: after 12, the next batch wraps
-def test_state_dict_resumes_exactly(data, tmp_path, shuffle, k):
-    root, _ = data
-    W = 2
-    ranks = loaders(root, W, shuffle=shuffle, seed=1)
+@pytest.mark.parametrize("k", [0, 3, 11])
+def test_state_dict_resumes_exactly_mid_epoch(data, shuffle, k):
+    """A loader restored from another's state after k steps (here across the epoch seam too) reads the same
+    windows from then on."""
+    _, paths = data
+    a = DataLoaderLite(paths, B, T, shuffle=shuffle, seed=3)
     for _ in range(k):
-        step(ranks)
-    path = tmp_path / "state.pt"  # through a checkpoint file, as train() stores it
-    torch.save(ranks[0].state_dict(), path)
-    state = torch.load(path, weights_only=True)
-    # every rank resumes from rank 0's state, as train() does
-    resumed = loaders(root, W, shuffle=shuffle, seed=1)
-    for loader in resumed:
-        loader.load_state_dict(state)
-    for _ in range(25):  # across the next wrap
-        np.testing.assert_array_equal(step(resumed), step(ranks))
-    assert resumed[0].epoch == ranks[0].epoch >= 1
+        a.next_batch()
+    b = DataLoaderLite(paths, B, T, shuffle=shuffle, seed=3)
+    b.load_state_dict(a.state_dict())
+    for _ in range(2 * len(expected_windows())):
+        xa, ya = a.next_batch()
+        xb, yb = b.next_batch()
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
 
 
-def test_state_dict_from_other_data_is_refused(data, tmp_path):
-    root, _ = data
-    state = DataLoaderLite(root, "train", B, T, shuffle=True, seed=1).state_dict()
-    other = tmp_path / "other"
-    write_split(other, "train", [*SIZES, 1], first_index=1)  # one token more
-    for loader in (DataLoaderLite(other, "train", B, T, shuffle=True, seed=1),
-                   DataLoaderLite(root, "train", B, T, shuffle=False, seed=1),
-                   DataLoaderLite(root, "train", B, T, shuffle=True, seed=2)):
+def test_state_dict_from_other_data_or_batching_is_refused(data, tmp_path):
+    _, paths = data
+    state = DataLoaderLite(paths, B, T, shuffle=True, seed=1).state_dict()
+    other = write_split(tmp_path / "other", "train", [40, 40], first_index=1)
+    for loader in (DataLoaderLite(other, B, T, shuffle=True, seed=1), DataLoaderLite(paths, B, T, shuffle=False, seed=1),
+                   DataLoaderLite(paths, B, T, shuffle=True, seed=2), DataLoaderLite(paths, 1, T, shuffle=True, seed=1)):
         with pytest.raises(ValueError, match="changed since the checkpoint"):
             loader.load_state_dict(state)
 
 
-# ----------------------------------------------------------------------------------------------------------
-# Errors
+def test_too_few_windows_for_the_ranks(tmp_path):
+    paths = write_split(tmp_path, "train", [20])  # two windows of 9 tokens
+    assert len(DataLoaderLite(paths, B, T, rank=1, world=2).all) == 2
+    with pytest.raises(ValueError, match="2 window\\(s\\) of B x T \\+ 1 = 9 tokens, fewer than the 3 rank"):
+        DataLoaderLite(paths, B, T, rank=0, world=3)
 
 
-def test_missing_directory(tmp_path):
-    missing = tmp_path / "edu_fineweb10B"
-    with pytest.raises(FileNotFoundError) as e:
-        DataLoaderLite(missing, "train", B, T)
-    assert "fineweb.py" in str(e.value) and str(missing) in str(e.value)
+def test_token_id_out_of_vocab_names_the_shard(tmp_path):
+    paths = write_split(tmp_path, "train", [20, 40])  # ids 0..59
+    loader = DataLoaderLite(paths, B, T, vocab_size=30)
+    for _ in range(3):  # ids 0..8 and 8..16 of the first shard, 20..28 of the second
+        loader.next_batch()
+    with pytest.raises(ValueError, match="token id 36 >= vocab_size 30 in x_train_000001.npy"):
+        loader.next_batch()
 
 
-def test_no_shards_of_the_split(tmp_path):
-    write_split(tmp_path, "val", [100])
-    with pytest.raises(FileNotFoundError) as e:
-        DataLoaderLite(tmp_path, "train", B, T)
-    assert "'train'" in str(e.value) and "fineweb.py" in str(e.value)
-
-
-@pytest.mark.parametrize("array", [np.arange(100, dtype=np.int32), np.arange(100, dtype=np.uint16).reshape(10, 10)],
-                         ids=["int32", "2d"])
-def test_shard_of_the_wrong_type(tmp_path, array):
-    np.save(tmp_path / "x_train_000001.npy", array)
-    with pytest.raises(ValueError) as e:
-        DataLoaderLite(tmp_path, "train", B, T)
-    assert "x_train_000001.npy" in str(e.value) and "uint16" in str(e.value)
-
-
-def test_corrupt_shard(tmp_path):
-    write_split(tmp_path, "train", [50, 50], first_index=1)
-    garbage = np.random.default_rng(0).integers(0, 256, 1000, dtype=np.uint8).tobytes()
-    (tmp_path / "x_train_000002.npy").write_bytes(garbage)
-    with pytest.raises(ValueError, match="x_train_000002.npy is not a readable .npy shard"):
-        DataLoaderLite(tmp_path, "train", B, T)
-    good = tmp_path / "x_train_000001.npy"
-    (tmp_path / "x_train_000002.npy").write_bytes(good.read_bytes()[:-10])  # a valid header, data cut short
-    with pytest.raises(ValueError, match="x_train_000002.npy is not a readable .npy shard"):
-        DataLoaderLite(tmp_path, "train", B, T)
-
-
-@pytest.mark.parametrize("W", [1, 3])
-def test_split_smaller_than_one_step(tmp_path, W):
-    need = W * B * T + 1
-    write_split(tmp_path, "train", [need - 1], first_index=1)
-    with pytest.raises(ValueError) as e:
-        DataLoaderLite(tmp_path, "train", B, T, process_rank=0, num_processes=W)
-    assert f"holds {need - 1} tokens" in str(e.value) and f"= {need}" in str(e.value)
-    write_split(tmp_path, "train", [need], first_index=1)  # exactly one step is enough
-    assert len(DataLoaderLite(tmp_path, "train", B, T, process_rank=0, num_processes=W).base) == need
-
-
-@pytest.mark.parametrize("shuffle", [False, True])
-def test_token_id_out_of_vocab_names_the_shard(tmp_path, shuffle):
-    stream = write_split(tmp_path, "train", [100] * 5, first_index=1)
-    vocab = int(stream.max()) + 1  # the largest id, vocab-1, is fine
-    [(tokens, _)], _ = read_epochs([DataLoaderLite(tmp_path, "train", B, T, vocab_size=vocab, shuffle=shuffle)])
-    assert len(tokens) > 490
-    bad = stream[200:300].copy()
-    bad[50] = vocab  # the middle of shard 3: every window holding it lies inside that shard
-    np.save(tmp_path / "x_train_000003.npy", bad)
-    loader = DataLoaderLite(tmp_path, "train", B, T, vocab_size=vocab, shuffle=shuffle)
-    with pytest.raises(ValueError) as e:
-        for _ in range(100):  # reaches shard 3 within the first epoch (62 steps)
-            loader.next_batch()
-    message = str(e.value)
-    assert f"token id {vocab} >= vocab_size {vocab}" in message and "x_train_000003.npy" in message
-    assert "x_train_000002.npy" not in message and "x_train_000004.npy" not in message
-
-
-def test_check_token_ids():
-    tokens = np.array([0, 5, 63], dtype=np.uint16)
-    check_token_ids(tokens, 64, "here")
-    check_token_ids(tokens, None, "here")  # no vocabulary given: nothing to check
-    with pytest.raises(ValueError, match="token id 63 >= vocab_size 63 in here"):
-        check_token_ids(tokens, 63, "here")
-
-
-@pytest.mark.parametrize("b, t", [(0, 4), (2, 0), (-1, 4)])
-def test_batch_shape_must_be_positive(data, b, t):
-    with pytest.raises(ValueError, match="must be positive"):
-        DataLoaderLite(data[0], "train", b, t)
-
-
-@pytest.mark.parametrize("rank, world", [(2, 2), (-1, 2), (0, 0)])
-def test_rank_out_of_range(data, rank, world):
-    with pytest.raises(ValueError, match=rf"process_rank {rank} not in \[0, {world}\)"):
-        DataLoaderLite(data[0], "train", B, T, process_rank=rank, num_processes=world)
+@pytest.mark.parametrize("b, t, rank, world", [(0, 4, 0, 1), (2, 0, 0, 1), (2, 4, 2, 2), (2, 4, -1, 2)])
+def test_bad_batch_shape_or_rank(data, b, t, rank, world):
+    with pytest.raises(ValueError, match="need B, T > 0 and 0 <= rank < world"):
+        DataLoaderLite(data[1], b, t, rank=rank, world=world)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -383,28 +238,26 @@ BIG = 20_000_000  # tokens: 40 MB of uint16
 
 
 @pytest.fixture(scope="module")
-def big_root(tmp_path_factory):
-    root = tmp_path_factory.mktemp("big")
-    np.save(root / "x_train_000001.npy", (np.arange(BIG) % 60000).astype(np.uint16))
-    return root
+def big_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("big") / "x_train_000001.npy"
+    np.save(path, (np.arange(BIG) % 60000).astype(np.uint16))
+    return path
 
 
-def test_loader_does_not_copy_the_shard(big_root):
+def test_loader_does_not_copy_the_shard(big_path):
     """numpy reports its buffers to tracemalloc, so a copy of the shard (or an int64 version of it) would show
-    as a 40-160 MB peak; a memory-mapped loader allocates about one window."""
+    as a 40-160 MB peak; a memory-mapped loader allocates about one window (and its window index)."""
     tracemalloc.start()
     try:
-        loader = DataLoaderLite(big_root, "train", 4, 1024, vocab_size=60000)
+        loader = DataLoaderLite([big_path], 4, 1024, vocab_size=60000, shuffle=True)
         for _ in range(5):
             x, _ = loader.next_batch()
-        loader.load_state_dict({**loader.state_dict(), "position": BIG - 3 * 4096})  # the shard's end
-        loader.next_batch()
         _, peak = tracemalloc.get_traced_memory()
         assert peak < 5_000_000, f"peak {peak:,} bytes while reading a {2 * BIG:,}-byte shard"
-        np.testing.assert_array_equal(x[0].numpy(), np.arange(4 * 4096, 4 * 4096 + 1024) % 60000)
-        # the instrument works: reading the shard into memory does show up
-        tracemalloc.reset_peak()
-        whole = np.load(big_root / "x_train_000001.npy")
+        start = int(x[0, 0])
+        assert torch.equal(x[0], torch.arange(start, start + 1024) % 60000)  # one window of the shard
+        tracemalloc.reset_peak()  # the instrument works: reading the shard into memory does show up
+        whole = np.load(big_path)
         assert tracemalloc.get_traced_memory()[1] >= whole.nbytes == 2 * BIG
     finally:
         tracemalloc.stop()
@@ -423,12 +276,12 @@ def tiny_gpt():
 
 
 @pytest.fixture
-def val_stream(tmp_path):
-    """A val split over two shards (with random ids < 64) longer than the tokens evaluated."""
-    tokens = np.random.default_rng(0).integers(0, 64, 150).astype(np.uint16)
-    np.save(tmp_path / "x_val_000000.npy", tokens[:50])
-    np.save(tmp_path / "x_val_000001.npy", tokens[50:])
-    return TokenStream.from_split(tmp_path, "val"), tokens
+def val_shards(tmp_path):
+    """A val split of two shards (random ids < 64): 5 + 6 windows of 17 tokens, more than the 7 evaluated."""
+    tokens = np.random.default_rng(0).integers(0, 64, 200).astype(np.uint16)
+    np.save(tmp_path / "x_val_000000.npy", tokens[:90])
+    np.save(tmp_path / "x_val_000001.npy", tokens[90:])
+    return [open_shard(tmp_path / f"x_val_00000{i}.npy") for i in (0, 1)], ["a", "b"], tokens
 
 
 def rt(rank=0, world=1, ddp=False):
@@ -436,75 +289,50 @@ def rt(rank=0, world=1, ddp=False):
 
 
 def per_sequence_losses(model, tokens):
-    """The direct computation: the first VAL_SEQS*T+1 tokens cut into sequences of T (targets shifted by one),
-    mean cross-entropy of each sequence."""
-    rows = torch.from_numpy(tokens[: VAL_SEQS * VAL_T + 1].astype(np.int64))
-    x = rows[:-1].view(VAL_SEQS, VAL_T)
-    y = rows[1:].unfold(0, VAL_T, VAL_T)  # y[i] = rows[i*T+1 : i*T+T+1]
+    """The direct computation: the val windows (5 in the first shard of 90 tokens, then the second shard's),
+    targets shifted by one, mean cross-entropy of each."""
+    starts = [s for s in range(0, 90 - VAL_T, VAL_T)] + [90 + s for s in range(0, 110 - VAL_T, VAL_T)]
+    rows = torch.stack([torch.from_numpy(tokens[s : s + VAL_T + 1].astype(np.int64)) for s in starts[:VAL_SEQS]])
     with torch.no_grad():
-        logits, _ = model(x)
-    return F.cross_entropy(logits.transpose(1, 2), y, reduction="none").mean(dim=1).double()  # (VAL_SEQS,)
+        logits, _ = model(rows[:, :-1])
+    return F.cross_entropy(logits.transpose(1, 2), rows[:, 1:], reduction="none").mean(dim=1).double()
 
 
 @pytest.mark.parametrize("b", [1, 3, 100])
-def test_val_loss_is_the_mean_over_val_tokens(tiny_gpt, val_stream, b):
-    stream, tokens = val_stream
-    expected = per_sequence_losses(tiny_gpt, tokens).mean().item()
-    loss = evaluate_val_loss(tiny_gpt, stream, VAL_SEQS * VAL_T, b, VAL_T, rt(), "float32", vocab_size=64)
-    assert loss == pytest.approx(expected, rel=1e-5)
-    assert tiny_gpt.training  # handed back ready to train
+def test_val_loss_is_the_mean_over_val_tokens(tiny_gpt, val_shards, b):
+    shards, names, tokens = val_shards
+    loss = evaluate_val_loss(tiny_gpt, shards, names, VAL_SEQS * VAL_T, b, VAL_T, rt(), "float32", vocab_size=64)
+    assert loss == pytest.approx(per_sequence_losses(tiny_gpt, tokens).mean().item(), rel=1e-5)
+    assert tiny_gpt.training  # the model's mode is restored
 
 
 @pytest.mark.parametrize("W", [2, 3])
-def test_val_loss_shards_sequences_over_ranks(tiny_gpt, val_stream, W):
-    """Rank r scores sequences r, r+W, ...; without a process group nothing is reduced, so each rank's loss is
-    the mean over its own sequences."""
-    stream, tokens = val_stream
-    per_seq = per_sequence_losses(tiny_gpt, tokens)
-    for r in range(W):
-        loss = evaluate_val_loss(tiny_gpt, stream, VAL_SEQS * VAL_T, 2, VAL_T, rt(r, W), "float32")
-        assert loss == pytest.approx(per_seq[r::W].mean().item(), rel=1e-5)
-
-
-@pytest.mark.parametrize("W", [2, 3])
-def test_val_loss_all_reduces_sums_and_counts(tiny_gpt, val_stream, monkeypatch, W):
+def test_val_loss_all_reduces_sums_and_counts(tiny_gpt, val_shards, monkeypatch, W):
     """With DDP the ranks all-reduce a loss sum and a token count (not their means, which would weigh ranks
     with fewer sequences too much): summed over the simulated ranks they give the single-process loss."""
-    stream, tokens = val_stream
-    per_seq = per_sequence_losses(tiny_gpt, tokens)
+    import train_gpt2
+
+    shards, names, tokens = val_shards
     reduced = []
     monkeypatch.setattr(train_gpt2.dist, "all_reduce", lambda t: reduced.append(t.clone()))
     for r in range(W):
-        evaluate_val_loss(tiny_gpt, stream, VAL_SEQS * VAL_T, 2, VAL_T, rt(r, W, ddp=True), "float32")
+        evaluate_val_loss(tiny_gpt, shards, names, VAL_SEQS * VAL_T, 2, VAL_T, rt(r, W, ddp=True), "float32")
     assert len(reduced) == W and all(t.shape == (2,) for t in reduced)  # one all-reduce of (sum, count) per rank
     sums, counts = [t[0] for t in reduced], [t[1] for t in reduced]
     assert sum(c.item() for c in counts) == VAL_SEQS * VAL_T
     total = sum(s.item() for s in sums) / (VAL_SEQS * VAL_T)
-    assert total == pytest.approx(per_seq.mean().item(), rel=1e-5)
+    assert total == pytest.approx(per_sequence_losses(tiny_gpt, tokens).mean().item(), rel=1e-5)
     assert total != pytest.approx(np.mean([s.item() / c.item() for s, c in zip(sums, counts)]), rel=1e-9)
 
 
-def test_val_tokens_must_fit(tiny_gpt, val_stream, tmp_path):
-    stream, tokens = val_stream
-    for val_tokens in (VAL_T * 3 + 1, VAL_T * 10):  # not a multiple of T; 160 + 1 > 150 tokens
-        with pytest.raises(ValueError, match=rf"val_tokens \({val_tokens}\)"):
-            evaluate_val_loss(tiny_gpt, stream, val_tokens, 2, VAL_T, rt(), "float32")
-    exact = tmp_path / "exact"
-    exact.mkdir()
-    np.save(exact / "x_val_000000.npy", tokens[: VAL_SEQS * VAL_T + 1])  # one target more than the inputs
-    evaluate_val_loss(tiny_gpt, TokenStream.from_split(exact, "val"), VAL_SEQS * VAL_T, 2, VAL_T, rt(), "float32")
-    np.save(exact / "x_val_000000.npy", tokens[: VAL_SEQS * VAL_T])
-    with pytest.raises(ValueError, match="must be a positive multiple of seq_len"):
-        evaluate_val_loss(tiny_gpt, TokenStream.from_split(exact, "val"), VAL_SEQS * VAL_T, 2, VAL_T, rt(), "float32")
+@pytest.mark.parametrize("val_tokens", [0, VAL_T * 3 + 1, VAL_T * 12])  # zero; not a multiple of T; 12 > 11 windows
+def test_val_tokens_must_be_a_positive_multiple_that_fits(tiny_gpt, val_shards, val_tokens):
+    shards, names, _ = val_shards
+    with pytest.raises(ValueError, match=rf"val_tokens \({val_tokens}\) must be a positive multiple of seq_len"):
+        evaluate_val_loss(tiny_gpt, shards, names, val_tokens, 2, VAL_T, rt(), "float32")
 
 
-@pytest.mark.parametrize("val_tokens", [0, -VAL_T])
-def test_val_tokens_must_be_positive(tiny_gpt, val_stream, val_tokens):
-    """No sequences to score is an error, not a loss of 0/0 = nan written to the log."""
-    with pytest.raises(ValueError):
-        evaluate_val_loss(tiny_gpt, val_stream[0], val_tokens, 2, VAL_T, rt(), "float32")
-
-
-def test_val_token_id_out_of_vocab(tiny_gpt, val_stream):
-    with pytest.raises(ValueError, match="vocab_size 32 in the val split"):
-        evaluate_val_loss(tiny_gpt, val_stream[0], VAL_SEQS * VAL_T, 2, VAL_T, rt(), "float32", vocab_size=32)
+def test_val_token_id_out_of_vocab(tiny_gpt, val_shards):
+    shards, names, _ = val_shards
+    with pytest.raises(ValueError, match="vocab_size 32 in a"):
+        evaluate_val_loss(tiny_gpt, shards, names, VAL_SEQS * VAL_T, 2, VAL_T, rt(), "float32", vocab_size=32)

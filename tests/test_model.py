@@ -219,7 +219,7 @@ def test_load_model_from_hf_dir(hf_tiny):
     hf, path = hf_tiny
     idx = rand_idx(1, 16)
     with torch.no_grad():
-        torch.testing.assert_close(load_model(str(path))(idx)[0], hf(idx).logits, atol=1e-4, rtol=0)
+        torch.testing.assert_close(load_model(str(path))[0](idx)[0], hf(idx).logits, atol=1e-4, rtol=0)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -671,7 +671,7 @@ def test_load_model_roundtrip(tmp_path):
     model = randomize_(tiny_model(dtype=torch.float32), scale=0.2)
     path = tmp_path / "model_00100.pt"
     torch.save({"model": model.state_dict(), "model_config": dataclasses.asdict(model.config), "step": 100}, path)
-    loaded = load_model(str(path))
+    loaded, _ = load_model(str(path))
     assert loaded.config == model.config
     assert loaded.lm_head.weight is loaded.transformer.wte.weight
     idx = rand_idx(2, 32)

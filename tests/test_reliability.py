@@ -275,7 +275,7 @@ def test_resume_auto_skips_a_torn_newest_checkpoint_and_a_temp_file(data, refere
     assert resumed.finish() == 0, resumed.output()[-4000:]
     out = resumed.output()
     warnings = [line for line in out.splitlines() if line.startswith("warning:")]
-    assert len(warnings) == 1 and "skipping unreadable checkpoint" in warnings[0] and torn.name in warnings[0], out
+    assert len(warnings) == 1 and "skipping unusable checkpoint" in warnings[0] and torn.name in warnings[0], out
     assert f"resumed from {good} at step {step}" in out
     assert_same_state(log_dir / f"model_{STEPS:05d}.pt", reference.final())
     assert measured(log_dir) == reference.log()

@@ -52,7 +52,7 @@ def test_sections_come_in_build_nanogpt_order_with_plumbing_last():
     assert [next((e for e in expected if b.startswith(e)), b) for b in banners] == expected
     plumbing = SOURCE[: SOURCE.index("# Plumbing")].count("\n") + 1  # its line number
     for name in ("load_checkpoint", "save_checkpoint", "resume", "atomic_write", "capture_rng_state",
-                 "checkpoint_paths", "prune_checkpoints", "StopSignal", "write_header", "peak_flops"):
+                 "checkpoint_paths", "choose_lineage", "LogDirLock", "StopSignal", "write_header", "peak_flops"):
         assert TOP[name].lineno > plumbing, f"{name} is plumbing: it goes after the banner"
     for name in ("GPT", "DataLoaderLite", "get_lr", "setup_runtime", "evaluate_val_loss", "Metrics", "train", "main"):
         assert TOP[name].lineno < plumbing, f"{name} belongs before the plumbing"
@@ -76,7 +76,7 @@ def test_one_training_loop_with_its_steps_inline():
     assert {n.target.id for n in ast.walk(TOP["train"]) if isinstance(n, ast.For)} >= {"step", "micro"}
     assert len(calls_to("backward")) == 1 and len(calls_to("backward", TOP["train"])) == 1
     order = ["zero_grad(", "require_backward_grad_sync", "backward()", "all_reduce(loss_accum", "clip_grad_norm_(",
-             "get_lr(", ".step()", "synchronize()", "metrics.report("]
+             "get_lr(", ".step()", "synchronize()", "metrics.report(step, train="]
     positions = [body.index(token) for token in order]
     assert positions == sorted(positions), "build-nanogpt's order: zero grads, micro-steps, average, clip, LR, step, sync, log"
 

@@ -236,7 +236,7 @@ def test_total_batch_must_divide_over_the_world(data, tmp_path):
     cfg = TrainConfig(**settings(data, tmp_path, batch_size=2, seq_len=16, total_batch_size=96))  # 3 x 32
     rt = Runtime(ddp=False, rank=0, local_rank=0, world_size=2, device="cpu", device_type="cpu")
     with pytest.raises(ValueError, match="world_size"):
-        train_gpt2.start_run(cfg, rt, log=lambda *a: None)
+        train_gpt2.start_run(cfg, rt, train_gpt2.LogDirLock(cfg.log_dir, rt), log=lambda *a: None)
     assert not (tmp_path / "log.txt").exists()
 
 
@@ -274,7 +274,7 @@ def test_resume_continues_bit_identically(small_data, tmp_path):
     optimizer state. The data wraps epochs mid-run with shuffled shard order, so the loader state matters."""
     N = 4
     common = settings(small_data, tmp_path / "straight", batch_size=2, total_batch_size=64, warmup_steps=2,
-                      eval_interval=2, lr_decay_steps=2 * N, shuffle_shards=True)
+                      eval_interval=2, lr_decay_steps=2 * N, shuffle=True)
     train_gpt2.main(flags(**{**common, "max_steps": 2 * N}))
     resumed = {**common, "log_dir": str(tmp_path / "resumed")}
     train_gpt2.main(flags(**{**resumed, "max_steps": N}))
@@ -293,7 +293,7 @@ def test_resume_continues_bit_identically(small_data, tmp_path):
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     for pa, pb in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values()):
         assert all(torch.equal(pa[k], pb[k]) for k in ("exp_avg", "exp_avg_sq", "step"))
-    assert a["train_loader"] == b["train_loader"] and b["train_loader"]["epoch"] >= 2
+    assert a["train_loader"] == b["train_loader"] and b["train_loader"]["taken"] >= 2 * b["train_loader"]["windows"]
     assert b["step"] == 2 * N and b["val_loss"] == a["val_loss"]
     blocks = headers(tmp_path / "resumed")
     assert len(blocks) == 2  # header.txt appended: one block per start
@@ -413,10 +413,10 @@ def test_log_header_and_checkpoint_contents(data, tmp_path):
 
     # the final checkpoint holds the weights after the last update: they reproduce the final val loss,
     # and they differ from the step-4 weights
-    model = train_gpt2.load_model(metrics["checkpoint"])
-    stream = train_gpt2.TokenStream.from_split(data, "val")
+    model, _ = train_gpt2.load_model(metrics["checkpoint"])
+    val_shards = [train_gpt2.open_shard(data / "tmp_val_000000.npy")]
     rt = Runtime(False, 0, 0, 1, "cpu", "cpu")
-    val = train_gpt2.evaluate_val_loss(model, stream, cfg["val_tokens"], 4, 16, rt, "float32", VOCAB)
+    val = train_gpt2.evaluate_val_loss(model, val_shards, ["val"], cfg["val_tokens"], 4, 16, rt, "float32", VOCAB)
     assert val == pytest.approx(metrics["val"], abs=1e-6)
     assert max_abs_diff(weights(tmp_path / "model_00004.pt"), ckpt["model"]) > 1e-6
 
@@ -446,7 +446,10 @@ def test_defaults_are_the_gpt2_124M_recipe():
 def test_explicit_flags_override_a_preset():
     cfg = parse_train_args(["--preset", "gpt2-124M", "--max_steps", "5"])
     assert cfg.max_steps == 5
-    assert (cfg.total_batch_size, cfg.batch_size, cfg.seq_len, cfg.vocab_size) == (524288, 64, 1024, 50304)
+    assert (cfg.total_batch_size, cfg.batch_size, cfg.seq_len, cfg.vocab_size) == (524288, 64, 1024, 0)
+    with torch.device("meta"):  # shapes only
+        model = train_gpt2.build_model(cfg, train_gpt2.get_tokenizer(), known_tokenizer=True)
+    assert model.config.vocab_size == 50304  # 0: the data's tokenizer's, GPT-2's 50257 padded for speed
     recipe = (cfg.max_lr, cfg.min_lr_ratio, cfg.warmup_steps, cfg.weight_decay, cfg.grad_clip)
     assert recipe == (6e-4, 0.1, 715, 0.1, 1.0)
     assert (cfg.eval_interval, cfg.hellaswag_interval, cfg.sample_interval, cfg.ckpt_interval) == (250, 250, 250, 5000)
@@ -460,7 +463,7 @@ def test_explicit_flags_override_a_preset():
 @pytest.mark.parametrize("text, value", [("true", True), ("false", False), ("1", True), ("0", False)])
 def test_booleans_take_a_value(text, value):
     assert parse_train_args(["--overfit_batch", text]).overfit_batch is value
-    assert parse_train_args(["--shuffle_shards", text]).shuffle_shards is value
+    assert parse_train_args(["--shuffle", text]).shuffle is value
 
 
 def test_optional_lr_decay_steps_parses_as_int():
