@@ -1062,9 +1062,11 @@ def save_checkpoint(run: Run, val_loss: Optional[float]) -> Path:
                 "lineage": {k: v for k, v in run.lineage.items() if k != "suffix"}}
         try:
             atomic_write(path, lambda f: torch.save(ckpt, f))
-        except OSError as e:  # a full disk, most often: the temp file is gone, every earlier checkpoint intact
-            raise OSError(f"could not write {path} ({e.strerror or e}); earlier checkpoints are intact: free some "
-                          "space, then rerun with --resume auto") from None
+        except (OSError, RuntimeError) as e:  # a full disk, most often (torch wraps the OSError in a RuntimeError)
+            cause = e if isinstance(e, OSError) else e.__context__
+            reason = cause.strerror if isinstance(cause, OSError) else str(e).splitlines()[0]
+            raise OSError(f"could not write {path} ({reason}); earlier checkpoints are intact: free some space, then "
+                          "rerun with --resume auto") from None
         if run.cfg.keep_last:  # the oldest of this lineage only
             for old in checkpoint_paths(run.cfg.log_dir, run.lineage["suffix"])[: -run.cfg.keep_last]:
                 old.unlink(missing_ok=True)

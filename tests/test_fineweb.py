@@ -720,6 +720,22 @@ def test_a_killed_worker_ends_the_run(tmp_path, big_corpus, start_method):
     assert_stopped_cleanly(proc, out, "fineweb.py: error: a tokenizer worker died (killed by a signal")
 
 
+def test_a_run_killed_outright_is_refused_by_the_trainer(tmp_path, big_corpus):
+    """kill -9 leaves shards and no manifest; the marker fineweb.py made at its start stays too, so train_gpt2.py
+    refuses the partial corpus (and fineweb.py --overwrite clears it)."""
+    import train_gpt2
+
+    out = tmp_path / "out"
+    proc = start_run(big_corpus, out)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+    assert list(out.glob("*.npy")) and not (out / "manifest.json").exists()
+    with pytest.raises(ValueError, match="has no manifest.json and holds an unfinished fineweb.py output"):
+        train_gpt2.find_shards(out)
+    ours, _ = fineweb.find_outputs(out, "big")
+    assert out / fineweb.IN_PROGRESS in ours  # what --overwrite removes
+
+
 def test_import_has_no_side_effects_and_no_torch():
     code = "import sys, fineweb; assert 'torch' not in sys.modules and 'train_gpt2' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60)
