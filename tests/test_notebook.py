@@ -56,6 +56,12 @@ def number_after(label: str, text: str) -> float:
     return float(match.group(1))
 
 
+def check_residual_stream(text: str):
+    """The residual-stream cell: 100 summed steps of std 1 have std √100 = 10; scaled by 100^-½, std 1."""
+    assert 8.5 < number_after("std after 100 steps:", text) < 11.5
+    assert 0.85 < number_after("std after 100 steps scaled by n^-½:", text) < 1.15
+
+
 def check_model_cells(text: str):
     """The attention map by hand is transformers' own, and our GPT computes transformers' logits."""
     assert number_after("max |by hand - transformers| =", text) < 1e-5
@@ -115,6 +121,10 @@ def test_notebook_runs_on_a_local_model(tmp_path):
     assert "val loss 8.5000 at step 10; GPT-2 124M: 3.2924" in text
     assert run.images == 5  # wpe, its channels, the weight block, weight vs attention, the training curves
     assert (log_dir / "curves.png").is_file()
+    check_residual_stream(text)
+    # the init that follows from it: c_proj at 0.02 · (2·12)^-½ = 0.0041, every other weight at 0.02
+    for name, std in [("attn.c_attn", 0.02), ("attn.c_proj", 0.0041), ("mlp.c_fc", 0.02), ("mlp.c_proj", 0.0041)]:
+        assert number_after(f"fresh GPT: std of h.0.{name}.weight =", text) == pytest.approx(std, rel=0.05)
 
 
 @pytest.mark.slow
@@ -128,6 +138,7 @@ def test_notebook_falls_back_to_a_labelled_random_model(tmp_path):
     assert f"TAG: {RANDOM_LABEL}" in text
     assert "124.4M parameters: 12 layers, 12 heads, width 768" in text
     assert number_after("max |by hand - transformers| =", text) < 1e-5
+    check_residual_stream(text)
 
 
 @pytest.mark.slow
@@ -154,6 +165,8 @@ def test_notebook_runs_on_small_models_and_our_checkpoints(tmp_path):
     assert "tokenizer: gpt2, 50,257 tokens" in ours.text
     check_model_cells(ours.text)
     assert ours.text.count("> Hello, I'm a language model,") == 10 and ours.images == 4
+    for run in (small, ours):
+        check_residual_stream(run.text)
 
 
 @pytest.mark.slow
@@ -178,3 +191,5 @@ def test_notebook_runs_on_character_level_checkpoints(tmp_path):
     assert f"loaded {checkpoints[-1]}" in unknown.text
     assert "no tokenizer for a vocabulary of 77 (gpt2 has 50,257 tokens)" in unknown.text
     assert "max |by hand" not in unknown.text and "generate" not in unknown.text and unknown.images == 3
+    for run in (*known, unknown):
+        check_residual_stream(run.text)
