@@ -56,6 +56,8 @@ def export_hf(checkpoint_path: str | os.PathLike, out_dir: str | os.PathLike) ->
     try:
         hf.save_pretrained(tmp)
         os.replace(tmp, out)
+    except Exception as e:  # an OSError, or safetensors' own error when the disk is full
+        raise OSError(f"could not write {out} ({str(e).strip().splitlines()[-1]}); nothing was left behind") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out

@@ -5,8 +5,10 @@ Training curves: a run's log.txt, every kind of value it holds, drawn as one PNG
     python plot.py log/shakespeare --out curves.png
 
 log.txt has one `step kind value` line per measured value (train_gpt2.Metrics writes them): losses (train, val)
-share a panel with GPT-2 124M's val loss as a reference line; HellaSwag (hella) gets its baselines; every other
-kind (lr, norm, ms, tok_per_s, mfu, or one you add) gets a panel of its own, so a new metric needs no code here.
+share a panel, HellaSwag (hella) has its own, and every other kind (lr, norm, ms, tok_per_s, mfu, or one you add)
+gets a panel too, so a new metric needs no code here. GPT-2 124M's reference lines (val loss 3.2924, HellaSwag
+0.2955) are drawn only for a run on FineWeb-Edu (header.txt records what its manifest.json said): on other data
+they would mislead.
 train_gpt2.py redraws curves.png at each checkpoint; play.ipynb shows it.
 
 Importing this module does nothing but define things. It never imports train_gpt2 at import time: a training
@@ -39,6 +41,18 @@ def read_log(path: str | os.PathLike) -> dict[str, list[tuple[int, float]]]:
     return {kind: sorted(values.items()) for kind, values in series.items()}
 
 
+def run_dataset(log_dir: str | os.PathLike) -> str | None:
+    """The dataset the run's data came from ("fineweb-edu", "local", ...), as the newest block of header.txt has it."""
+    import json
+
+    path, blocks, pos = Path(log_dir) / "header.txt", [], 0
+    text = path.read_text() if path.is_file() else ""
+    while (pos := len(text) - len(text[pos:].lstrip())) < len(text):
+        block, pos = json.JSONDecoder().raw_decode(text, pos)
+        blocks.append(block)
+    return blocks[-1].get("data", {}).get("dataset") if blocks else None
+
+
 def curves_png(log_dir: str | os.PathLike) -> bytes:
     """log_dir/log.txt drawn as PNG bytes: the losses, HellaSwag, and one panel per other kind."""
     log_path = Path(log_dir) / "log.txt"
@@ -54,6 +68,7 @@ def curves_png(log_dir: str | os.PathLike) -> bytes:
     from matplotlib.figure import Figure
 
     panels = (["loss"] if any(k in series for k in LOSSES) else []) + sorted(k for k in series if k not in LOSSES)
+    references = run_dataset(log_dir) == "fineweb-edu"  # GPT-2's numbers are on FineWeb-Edu's val split
     cols = min(len(panels), 3)
     fig = Figure(figsize=(6 * cols, 4.2 * math.ceil(len(panels) / cols)), layout="constrained")
     FigureCanvasAgg(fig)
@@ -62,9 +77,9 @@ def curves_png(log_dir: str | os.PathLike) -> bytes:
         for kind in LOSSES if panel == "loss" else (panel,):
             if series.get(kind):
                 ax.plot(*zip(*series[kind]), label=f"{kind} loss" if panel == "loss" else "ours")
-        if panel == "loss":
+        if panel == "loss" and references:
             ax.axhline(GPT2_124M_VAL_LOSS, color="red", linestyle="--", label=f"GPT-2 124M val ({GPT2_124M_VAL_LOSS})")
-        if panel == "hella":
+        if panel == "hella" and references:
             for (name, acc), color in zip(HELLASWAG_BASELINES.items(), ("red", "green")):
                 ax.axhline(acc, color=color, linestyle="--", label=f"{name} ({acc})")
         ax.set(xlabel="step", title={"loss": "loss", "hella": "HellaSwag acc_norm"}.get(panel, panel))

@@ -7,6 +7,7 @@ selected cases are started two at a time when the first one runs, and each test 
 """
 
 import dataclasses
+import fcntl
 import json
 import os
 import resource
@@ -91,12 +92,44 @@ CASES = [
     train("--log_dir that is a file", "--log_dir", "{d}/a_file", message="not a directory"),
     train("--hellaswag_data that does not exist", "--hellaswag_interval", "1", "--hellaswag_data",
           "{d}/missing.jsonl", message="does not exist"),
+    # train_gpt2.py: numbers, flags and paths of the wrong kind
+    train("a float flag that is not finite", "--grad_clip", "nan", message="argument --grad_clip: expected a finite number"),
+    train("an abbreviated flag", "--eval", "5", message="unrecognized arguments: --eval 5"),
+    train("--data_root that is a file", "--data_root", "{d}/a_file", message="a_file is a file, not a directory"),
+    train("--hellaswag_data that is a directory", "--hellaswag_interval", "1", "--hellaswag_data", "{d}/empty",
+          message="empty is a directory, not a file"),
+    train("--resume a directory", "--resume", "{d}/empty", message="empty is a directory, not a file"),
+    train("--resume a symbolic link loop", "--resume", "{d}/loop.pt", message="Too many levels of symbolic links"),
+    train("--resume a file of weights only", "--resume", "{d}/weights_only.pt",
+          message="holds weights but no optimizer or loader state to resume; start from its weights with --init_from"),
+    # train_gpt2.py: data a run must not trust
+    train("data that fineweb.py did not finish", "--data_root", "{d}/unfinished",
+          message="has no manifest.json and holds an unfinished fineweb.py output"),
+    train("data of two corpora in one directory", "--data_root", "{d}/two_corpora", message="holds shards of 2 corpora"),
+    train("a shard whose size is not the manifest's", "--data_root", "{d}/changed",
+          message="holds 100 tokens, manifest.json says 4096; re-run fineweb.py"),
+    # train_gpt2.py: other runs' checkpoints, other runs, a full disk
+    train("--resume auto with --max_steps below the newest checkpoint", "--log_dir", "{d}/ahead", "--resume", "auto",
+          message="--max_steps 2 is below the step of"),
+    train("--log_dir in use by another run", "--log_dir", "{d}/busy", message="is in use by another run (pid"),
+    train("a full disk while checkpointing", file_size_limit=20_000,
+          message="(File too large); earlier checkpoints are intact: free some space, then rerun with --resume auto"),
     # sample.py, export_hf.py, plot.py
     Case("sample.py", "--init_from a checkpoint that does not exist", ("--init_from", "{d}/missing.pt", "--device", "cpu"),
          "does not exist"),
+    Case("sample.py", "a temperature that is not finite", ("--init_from", "{d}/other_shape.pt", "--temperature", "inf"),
+         "argument --temperature: expected a finite number, got 'inf'"),
+    Case("sample.py", "a model smaller than its tokenizer", ("--init_from", "{d}/other_shape.pt", "--device", "cpu"),
+         "the model's vocabulary (64 ids) is smaller than the gpt2 tokenizer's (50257)"),
+    Case("sample.py", "an abbreviated option", ("--init_from", "{d}/other_shape.pt", "--temp", "0.5"),
+         "unrecognized arguments: --temp 0.5"),
     Case("export_hf.py", "a checkpoint that does not exist", ("{d}/missing.pt", "{out}"), "does not exist"),
+    Case("export_hf.py", "an OUT_DIR that holds files", ("{d}/other_shape.pt", "{d}/texts_full"),
+         "already exists and is not an empty directory"),
+    Case("export_hf.py", "a full disk", ("{d}/other_shape.pt", "{out}"), "export_hf.py: error:", file_size_limit=2_000),
     Case("plot.py", "a directory without log.txt", ("{d}/empty",), "log.txt does not exist"),
     Case("plot.py", "a malformed log.txt", ("{d}/bad_log",), "log.txt:1"),
+    Case("plot.py", "a full disk", ("{d}/good_log", "--out", "{out}.png"), "plot.py: error:", file_size_limit=2_000),
     # fineweb.py
     fineweb("--local file that does not exist", "missing.txt", message="no such file"),
     fineweb("--local file of an unknown type", "table.csv", message="unknown file type '.csv'"),
@@ -136,6 +169,8 @@ CASES = [
     hellaswag("--model with a smaller vocabulary than GPT-2's", "ok.jsonl", "other_shape.pt", "--device", "cpu",
               message="vocab"),
     hellaswag("unknown device", "ok.jsonl", "other_shape.pt", "--device", "tpu", message="tpu"),
+    hellaswag("--model trained on another tokenizer", "ok.jsonl", "char_model.pt", "--device", "cpu",
+              message="was trained with the char tokenizer; HellaSwag needs GPT-2's"),
     # bench.py
     Case("bench.py", "--only an unknown section", ("--only", "bogus"), "unknown sections ['bogus']"),
     Case("bench.py", "non-positive --batch_size", ("--batch_size", "0"), "expected positive integers"),
@@ -198,6 +233,27 @@ def make_inputs(d: Path) -> Path:
     (d / "other_corpus").mkdir()
     np.save(d / "other_corpus" / "other_val_000000.npy", tokens(10))
 
+    tiny = GPTConfig(block_size=32, vocab_size=64, n_layer=2, n_head=2, n_embd=32)  # TINY's shape
+    weights = {"model": GPT(tiny).state_dict(), "model_config": dataclasses.asdict(tiny)}
+    torch.save(weights, d / "weights_only.pt")
+    (d / "loop.pt").symlink_to("loop.pt")
+    (d / "ahead").mkdir()
+    torch.save({**weights, "optimizer": {}, "train_loader": {}, "rng": {}, "step": 4}, d / "ahead" / "model_00004.pt")
+    torch.save({**weights, "tokenizer": {"tokenizer": "char", "vocab": "abc"}}, d / "char_model.pt")
+    shards("unfinished", tokens(4096))
+    (d / "unfinished" / ".fineweb_incomplete").touch()
+    shards("two_corpora", tokens(4096))
+    np.save(d / "two_corpora" / "y_train_000001.npy", tokens(100))
+    shards("changed", tokens(100))
+    (d / "changed" / "manifest.json").write_text(json.dumps({"tokenizer": "gpt2", "shards": [
+        {"file": "x_val_000000.npy", "split": "val", "tokens": 1024},
+        {"file": "x_train_000001.npy", "split": "train", "tokens": 4096}]}))
+    (d / "busy").mkdir()  # the test process holds its lock, as a running train_gpt2.py would (see `outcomes`)
+    (d / "texts_full").mkdir()
+    (d / "texts_full" / "notes.txt").write_text("someone's files\n")
+    (d / "good_log").mkdir()
+    (d / "good_log" / "log.txt").write_text("".join(f"{i} train {10 - i}\n" for i in range(10)))
+
     (d / "ok.jsonl").write_text(json.dumps({**EXAMPLE, "label": 0}) + "\n")
     (d / "label7.jsonl").write_text(json.dumps({**EXAMPLE, "label": 7}) + "\n")
     return d
@@ -229,6 +285,8 @@ def skip_reason(case: Case) -> str:
 def outcomes(request, tmp_path_factory) -> dict:
     """{case: future of its finished process}: the selected cases, started two at a time."""
     d = make_inputs(tmp_path_factory.mktemp("bad_inputs"))
+    busy = os.open(d / "busy", os.O_RDONLY)
+    fcntl.flock(busy, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held for the whole module: that case's log_dir is in use
     selected = [item.callspec.params["case"] for item in request.session.items
                 if getattr(item, "originalname", "") == "test_bad_input_is_rejected_clearly"]
     pool = ThreadPoolExecutor(max_workers=2)
@@ -236,6 +294,7 @@ def outcomes(request, tmp_path_factory) -> dict:
                for i, case in enumerate(selected) if not skip_reason(case)}
     yield futures
     pool.shutdown(cancel_futures=True)
+    os.close(busy)
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.id, marks=pytest.mark.skip(reason=skip_reason(c)) if skip_reason(c)

@@ -264,3 +264,51 @@ def test_a_full_disk_while_checkpointing_is_one_line_and_loses_nothing(data, tmp
     assert {k: v for k, v in fingerprint(log).items() if k.endswith(".pt")} == \
            {k: v for k, v in before.items() if k.endswith(".pt")}
     assert not [p for p in log.iterdir() if ".tmp" in p.name]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Loss spikes
+
+SPIKE_STEP = 20  # after the guard's warm-up of 16 accepted updates
+
+
+def spiking_forward(monkeypatch):
+    """GPT.forward whose loss at SPIKE_STEP's first micro-batch is 100 times too large (a bad batch)."""
+    original, calls = train_gpt2.GPT.forward, [0]
+
+    def forward(self, idx, targets=None, kv_cache=None):
+        logits, loss = original(self, idx, targets, kv_cache)
+        if targets is not None:
+            calls[0] += 1
+            if calls[0] - 1 == 2 * SPIKE_STEP:  # 2 micro-steps per step
+                loss = loss * 100
+        return logits, loss
+
+    monkeypatch.setattr(train_gpt2.GPT, "forward", forward)
+
+
+def test_a_spike_is_skipped_and_the_run_goes_on_as_if_that_update_never_happened(data, tmp_path, monkeypatch):
+    """--skip_spikes 6 with an injected spike: that update is skipped (logged as kind 'spike', counted in the final
+    metrics); every later loss equals a run without the guard whose update at that step was dropped by hand."""
+    common = dict(max_steps=SPIKE_STEP + 6, eval_interval=0, warmup_steps=5)
+    spiking_forward(monkeypatch)
+    guarded = train_gpt2.train(train_gpt2.parse_train_args(flags(data, tmp_path / "guarded", skip_spikes=6, **common)),
+                               log=lambda *a: None)
+    monkeypatch.undo()
+
+    adamw_step, calls = torch.optim.AdamW.step, [0]
+
+    def step_except_the_spike(self, *args, **kwargs):  # the reference: no guard, no spike, no update at SPIKE_STEP
+        calls[0] += 1
+        return None if calls[0] - 1 == SPIKE_STEP else adamw_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", step_except_the_spike)
+    train_gpt2.main(flags(data, tmp_path / "reference", **common))
+    log, reference = measured(tmp_path / "guarded"), measured(tmp_path / "reference")
+    from plot import read_log
+
+    spikes = read_log(tmp_path / "guarded" / "log.txt")["spike"]
+    assert [s for s, _ in spikes] == [SPIKE_STEP] and spikes[0][1] > 6 and guarded["skipped"] == 1
+    later = [(s, v) for s, v in log["train"] if s > SPIKE_STEP]
+    assert later and later == [(s, v) for s, v in reference["train"] if s > SPIKE_STEP]
+    assert log["train"][:SPIKE_STEP] == reference["train"][:SPIKE_STEP]  # nothing was skipped before it
