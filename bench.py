@@ -13,6 +13,9 @@ Sections (--only picks some; explicit flags override the preset):
   hellaswag  HellaSwag scoring on synthetic examples: examples/s, one example per forward vs hellaswag.py's batched way
   loader     DataLoaderLite over synthetic uint16 shards: tok/s of next_batch, and memory against shard size
   fineweb    fineweb.py's pipeline vs a plain one-document-at-a-time tokenizer loop: tokens/s
+  compare    whole `train_gpt2.py --preset NAME` runs of an older revision (--compare_rev) and of this tree,
+             alternating: median ms/step, tok/s, the speed-up and the train losses' difference. Minutes, so only
+             when asked for: python bench.py --only compare
 
 Models have random weights: speed does not depend on them. Each timed quantity is the best (or median) of
 repeated runs, interleaved across the variants compared, so load from other processes hits them alike; on a
@@ -24,12 +27,19 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import io
 import json
+import os
 import platform
 import random
+import re
 import resource
+import shlex
+import shutil
 import statistics
+import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 import traceback
@@ -44,7 +54,8 @@ import train_gpt2
 from train_gpt2 import GPT, GPTConfig, autocast_context, flops_per_token, peak_flops
 
 HERE = Path(__file__).resolve().parent
-SECTIONS = ("train", "generate", "hellaswag", "loader", "fineweb")
+SECTIONS = ("train", "generate", "hellaswag", "loader", "fineweb", "compare")
+DEFAULT_SECTIONS = SECTIONS[:-1]  # compare runs whole programs for minutes: only when --only names it
 
 # ----------------------------------------------------------------------------------------------------------
 # Presets: every flag's value per preset; explicit flags override them.
@@ -525,9 +536,162 @@ def format_fineweb(r: dict) -> str:
     return format_table(title, columns, r["rows"]) + "\n" + note
 
 
+# ----------------------------------------------------------------------------------------------------------
+# compare: whole training runs of train_gpt2.py, an older revision against this tree
+
+# bf16 keeps 8 significant bits (rounding error up to 2^-9, 0.2%, per value), and a run's rounding errors compound
+# through the steps: on the shakespeare preset a bf16-autocast run's train loss is 1.5e-6 from fp32's at step 0 and
+# 1.5e-5 at step 1, growing from there. 2e-2 is a loose bound that a real change of the computation (a wrong loss
+# scale, a missing term) exceeds and rounding should not; with bf16 it is reported, never failed on.
+COMPARE_BF16_RTOL = 2e-2
+
+
+def git_commit(repo: Path, rev: str) -> str:
+    """The full commit id of rev in repo; a one-line ValueError when git or the revision is missing."""
+    if shutil.which("git") is None:
+        raise ValueError(f"--compare_rev {rev}: git is not on PATH (compare reads the old revision with git archive)")
+    proc = subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        why = proc.stderr.strip().splitlines()
+        raise ValueError(f"--compare_rev {rev}: no such commit in {repo}" + (f" ({why[-1]})" if why else ""))
+    return proc.stdout.strip()
+
+
+def tree_label(repo: Path) -> str:
+    """'this tree (HEAD abc1234)', '+ changes' when tracked files differ from HEAD."""
+    head = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True).stdout.strip()
+    return f"this tree (HEAD {head.stdout.strip()}{' + changes' if dirty else ''})"
+
+
+def export_revision(repo: Path, commit: str, dest: Path):
+    """The files of commit under dest, as `git archive` writes them: no network, no worktree to unregister."""
+    archive = subprocess.run(["git", "-C", str(repo), "archive", "--format=tar", commit],
+                             capture_output=True, check=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(dest, filter="data")
+
+
+def parse_train_stdout(text: str) -> tuple[list[dict], str]:
+    """train_gpt2.py's step lines (`step N | loss L | ... | X ms | Y tok/s [| MFU Z]`, fields found by their
+    label or unit, in any order) as dicts, and the autocast dtype its header lines name ('unknown' if none)."""
+    steps, dtype = [], "unknown"
+    for line in text.splitlines():
+        fields = [f.strip() for f in line.split("|")]
+        if not re.fullmatch(r"step\s+\d+", fields[0]):
+            found = re.search(r"\b(bfloat16|float16|float32)\b", line)
+            if found and not steps:  # the header, printed before the first step
+                dtype = found.group(1)
+            continue
+        row = {"step": int(fields[0].split()[1])}
+        for f in fields[1:]:
+            if f.startswith("loss "):
+                row["loss"] = float(f.split()[1])
+            elif f.endswith(" ms"):
+                row["ms"] = float(f.split()[0])
+            elif f.endswith(" tok/s"):
+                row["tok_per_s"] = float(f.split()[0])
+        if {"loss", "ms", "tok_per_s"} <= row.keys():  # not a skipped non-finite step
+            steps.append(row)
+    return steps, dtype
+
+
+def run_trainer(tree: Path, label: str, args, data: Path, log_dir: Path, env: dict) -> dict:
+    """One `train_gpt2.py --preset` run in tree, a fresh process: its step lines, dtype and wall time."""
+    n = args.compare_steps
+    cmd = [sys.executable, "train_gpt2.py", "--preset", args.compare_preset, "--data_root", str(data),
+           "--log_dir", str(log_dir), "--max_steps", str(n), "--eval_interval", "0", "--sample_interval", "0",
+           "--hellaswag_interval", "0", "--ckpt_interval", str(n), *shlex.split(args.compare_args)]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=args.compare_timeout)
+    seconds = time.perf_counter() - t0
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-1:]
+        raise RuntimeError(f"{label}: train_gpt2.py exited {proc.returncode}: {tail[0] if tail else 'no output'}")
+    steps, dtype = parse_train_stdout(proc.stdout)
+    if [s["step"] for s in steps] != list(range(n)):
+        raise RuntimeError(f"{label}: expected step lines 0..{n - 1} on stdout, parsed {[s['step'] for s in steps]}")
+    return {"steps": steps, "dtype": dtype, "seconds": seconds}
+
+
+def bench_compare(args, device: str) -> dict:
+    """ms/step of whole `train_gpt2.py --preset` runs, --compare_rev against this tree, and their train losses."""
+    commit = git_commit(HERE, args.compare_rev)
+    env = dict(os.environ)  # both trees run with the caller's environment, threads included
+    if args.threads:
+        env["OMP_NUM_THREADS"] = str(args.threads)
+    threads = f"OMP_NUM_THREADS={env['OMP_NUM_THREADS']}" if "OMP_NUM_THREADS" in env else "torch's default threads"
+    old_label = args.compare_rev if commit.startswith(args.compare_rev) else f"{args.compare_rev} ({commit[:7]})"
+    labels = {"old": old_label, "new": tree_label(HERE)}
+    with tempfile.TemporaryDirectory(prefix="bench-compare-") as tmp:
+        tmp = Path(tmp)
+        trees = {"old": tmp / "old", "new": HERE}
+        export_revision(HERE, commit, trees["old"])
+        # One tokenisation by this tree's fineweb.py feeds both: the shard format is the old one.
+        data = tmp / "data"
+        proc = subprocess.run([sys.executable, str(HERE / "fineweb.py"), "--local", str(HERE / "input.txt"),
+                               "--out_dir", str(data), "--no_progress"], capture_output=True, text=True, env=env)
+        if proc.returncode != 0:
+            raise RuntimeError(f"fineweb.py failed: {(proc.stderr.strip().splitlines() or ['no output'])[-1]}")
+        runs = {"old": [], "new": []}
+        for r in range(args.compare_repeats):  # alternating, ABBA: drifting load hits both alike
+            for name in (("old", "new") if r % 2 == 0 else ("new", "old")):
+                progress(f"compare: run {r + 1}/{args.compare_repeats} of {labels[name]}: --preset "
+                         f"{args.compare_preset} --max_steps {args.compare_steps} {args.compare_args}".rstrip())
+                runs[name].append(run_trainer(trees[name], labels[name], args, data, tmp / f"log_{name}_{r}", env))
+
+    rows = []
+    for name in ("old", "new"):
+        timed = [s for run in runs[name] for s in run["steps"][args.compare_skip:]]
+        rows.append({"tree": labels[name], "dtype": runs[name][0]["dtype"], "timed_steps": len(timed),
+                     "ms_per_step": statistics.median(s["ms"] for s in timed),
+                     "ms_per_step_min": min(s["ms"] for s in timed),
+                     "tokens_per_s": statistics.median(s["tok_per_s"] for s in timed),
+                     "run_seconds": statistics.median(run["seconds"] for run in runs[name]),
+                     "final_loss": runs[name][0]["steps"][-1]["loss"],
+                     "losses": [s["loss"] for s in runs[name][0]["steps"]]})
+    for row in rows:
+        row["speedup"] = rows[0]["ms_per_step"] / row["ms_per_step"]
+
+    def loss_diffs(pairs) -> tuple[float, float]:  # (max abs, max relative) over every step of every pair of runs
+        d = [(abs(x["loss"] - y["loss"]), abs(x["loss"] - y["loss"]) / max(abs(x["loss"]), abs(y["loss"]), 1e-12))
+             for a, b in pairs for x, y in zip(a["steps"], b["steps"])]
+        return max((v[0] for v in d), default=0.0), max((v[1] for v in d), default=0.0)
+
+    abs_diff, rel_diff = loss_diffs([(a, b) for a in runs["old"] for b in runs["new"]])
+    repeat_diff = max(loss_diffs([(runs[k][0], run) for run in runs[k][1:]])[0] for k in runs)
+    fp32 = all(row["dtype"] == "float32" for row in rows)  # an exact comparison is only meaningful in fp32
+    rtol = args.compare_rtol if fp32 else COMPARE_BF16_RTOL
+    return {"rev": args.compare_rev, "commit": commit, "preset": args.compare_preset, "steps": args.compare_steps,
+            "skip": args.compare_skip, "repeats": args.compare_repeats, "extra_args": args.compare_args,
+            "threads": threads, "speedup": rows[1]["speedup"], "max_abs_loss_diff": abs_diff,
+            "max_rel_loss_diff": rel_diff, "repeat_loss_diff": repeat_diff, "rtol": rtol, "enforced": fp32,
+            "losses_match": rel_diff <= rtol, "rows": rows}
+
+
+def format_compare(r: dict) -> str:
+    extra = f" {r['extra_args']}" if r["extra_args"] else ""
+    title = (f"whole training runs (train_gpt2.py --preset {r['preset']} --max_steps {r['steps']}{extra}; "
+             f"{r['repeats']} alternating runs each, median ms/step of steps {r['skip']}..{r['steps'] - 1}; "
+             f"{r['threads']})")
+    columns = [("tree", "tree", "s"), ("dtype", "dtype", "s"), ("timed_steps", "steps timed", "d"),
+               ("ms_per_step", "ms/step", ".1f"), ("ms_per_step_min", "min ms", ".1f"),
+               ("tokens_per_s", "tok/s", ",.0f"), ("speedup", "speed-up", ".2f"),
+               ("run_seconds", "run s", ".1f"), ("final_loss", "final loss", ".6f")]
+    kind = "fp32" if r["enforced"] else "bf16 or unknown dtype: reported, not enforced"
+    note = (f"speed-up {r['speedup']:.2f}x; train losses over {r['steps']} steps: max |diff| {r['max_abs_loss_diff']:.2e}"
+            f" (relative {r['max_rel_loss_diff']:.1e}), tolerance {r['rtol']:.0e} relative ({kind}): "
+            f"{'same' if r['losses_match'] else 'DIFFERENT'}")
+    if r["repeat_loss_diff"]:
+        note += f"; repeated runs of one tree differ by up to {r['repeat_loss_diff']:.2e} themselves"
+    return format_table(title, columns, r["rows"]) + "\n" + note + "\nrun s: a whole process, start-up and checkpoint included"
+
+
 BENCHES = {"train": (bench_train, format_train), "generate": (bench_generate, format_generate),
            "hellaswag": (bench_hellaswag, format_hellaswag), "loader": (bench_loader, format_loader),
-           "fineweb": (bench_fineweb, format_fineweb)}
+           "fineweb": (bench_fineweb, format_fineweb), "compare": (bench_compare, format_compare)}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -540,7 +704,8 @@ def build_parser() -> argparse.ArgumentParser:
     add = p.add_argument
     add("--preset", choices=sorted(PRESETS), default="cpu", help="sizes of every section; flags override them")
     add("--quick", action="store_true", help="the same as --preset quick: tiny sizes, seconds")
-    add("--only", default=",".join(SECTIONS), help=f"comma-separated sections to run, of {','.join(SECTIONS)}")
+    add("--only", default=",".join(DEFAULT_SECTIONS),
+        help=f"comma-separated sections to run, of {','.join(SECTIONS)} (default: all but compare)")
     add("--json", default="bench.json", help="where to write the results (atomically)")
     add("--device", choices=["auto", "cpu", "cuda"], help="auto: cuda if available, else cpu")
     add("--dtype", choices=["float32", "bfloat16"], help="autocast dtype of train, generate and hellaswag")
@@ -578,6 +743,17 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--fineweb_mb", type=float, help="corpus size in MB (input.txt repeated)")
     g.add_argument("--fineweb_workers", type=comma_ints, help="worker counts of the pipeline runs")
     g.add_argument("--fineweb_repeats", type=int, help="runs per method; the fastest counts")
+    g = p.add_argument_group("compare (whole train_gpt2.py runs; not in the default sections)")
+    g.add_argument("--compare_rev", default="6f26f28", help="the older revision (any git commit-ish of this repo)")
+    g.add_argument("--compare_preset", default="shakespeare", help="the train_gpt2.py --preset both trees run")
+    g.add_argument("--compare_steps", type=int, default=20, help="--max_steps of every run")
+    g.add_argument("--compare_skip", type=int, default=3, help="first steps of a run left out of the timing (warm-up)")
+    g.add_argument("--compare_repeats", type=int, default=3, help="runs of each tree, alternating")
+    g.add_argument("--compare_args", default="", help="more train_gpt2.py flags for both, e.g. '--dtype float32' "
+                   "(write --compare_args='--flag value' when it is a single flag)")
+    g.add_argument("--compare_rtol", type=float, default=1e-5,
+                   help="fp32 tolerance of the train losses' relative difference; over it, bench exits 1")
+    g.add_argument("--compare_timeout", type=float, default=3600, help="seconds one run may take")
     return p
 
 
@@ -613,6 +789,20 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
         parser.error(f"--seq_len ({args.seq_len}) exceeds --block_size ({args.block_size})")
     if args.gen_shape == "train" and args.prompt_len >= args.block_size:
         parser.error(f"--prompt_len ({args.prompt_len}) must be shorter than --block_size ({args.block_size})")
+    if "compare" in args.only:
+        if not 0 <= args.compare_skip < args.compare_steps or args.compare_repeats <= 0:
+            parser.error("--compare_skip must be in [0, --compare_steps) and --compare_repeats positive, got "
+                         f"{args.compare_skip}, {args.compare_steps}, {args.compare_repeats}")
+        if args.compare_rtol < 0 or args.compare_timeout <= 0:
+            parser.error("--compare_rtol must be >= 0 and --compare_timeout positive")
+        try:
+            shlex.split(args.compare_args)
+        except ValueError as e:
+            parser.error(f"--compare_args {args.compare_args!r}: {e}")
+        try:
+            git_commit(HERE, args.compare_rev)  # a missing revision is found now, not after the other sections
+        except ValueError as e:
+            parser.error(str(e))
     blocked = next((p for p in Path(args.json).parents if p.exists() and not p.is_dir()), None)
     if blocked:  # found now, not after minutes of benchmarking
         parser.error(f"--json {args.json}: {blocked} is a file, not a directory")
@@ -658,6 +848,9 @@ def main(argv: Optional[list[str]] = None) -> dict:
             failures.append("generate: KV-cache and no-cache outputs differ")
         if name == "hellaswag" and "error" not in r and not r["same_predictions"] and args.dtype == "float32":
             failures.append("hellaswag: batched and one-at-a-time predictions differ")
+        if name == "compare" and "error" not in r and r["enforced"] and not r["losses_match"]:
+            failures.append(f"compare: fp32 train losses differ by {r['max_rel_loss_diff']:.1e} relative "
+                            f"(tolerance {r['rtol']:.0e})")
     results["failures"] = failures
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     train_gpt2.atomic_write(Path(args.json), lambda f: f.write(json.dumps(results, indent=1).encode() + b"\n"))

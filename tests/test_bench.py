@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -37,7 +38,7 @@ def test_quick_run_prints_tables_and_writes_json(tmp_path):
     results = json.loads(out.read_text())
     assert results["preset"] == "quick" and results["failures"] == []
     sections = results["sections"]
-    assert set(sections) == set(bench.SECTIONS)
+    assert set(sections) == set(bench.DEFAULT_SECTIONS)  # not compare: it runs whole programs for minutes
     assert all("error" not in s for s in sections.values())
     train = sections["train"]["rows"]
     assert [r["batch_size"] for r in train] == [2, 4]
@@ -110,6 +111,9 @@ def test_synthetic_hellaswag_examples_have_the_stated_lengths(context, ending):
     (["--quick", "--preset", "gpt2-124M"], "pass one of them"),
     (["--hellaswag_context", "1,10"], "--hellaswag_context must be LO,HI with 2 <= LO <= HI"),
     (["--hellaswag_ending", "9,3"], "--hellaswag_ending must be LO,HI with 1 <= LO <= HI"),
+    (["--only", "compare", "--compare_rev", "no-such-rev"], "--compare_rev no-such-rev: no such commit in"),
+    (["--only", "compare", "--compare_steps", "3", "--compare_skip", "3"], "--compare_skip must be in [0, --compare_steps)"),
+    (["--only", "compare", "--compare_args", "--dtype 'float32"], "--compare_args"),
 ])
 def test_bad_arguments_are_rejected(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
@@ -133,7 +137,8 @@ def test_presets_and_overrides():
     assert (gpu.n_layer, gpu.n_embd, gpu.batch_size, gpu.seq_len) == (12, 768, [16, 64], 1024)
     assert (gpu.device, gpu.dtype, gpu.compile) == ("cuda", "bfloat16", "true")
     default = bench.parse_args([])
-    assert default.preset == "cpu" and default.only == list(bench.SECTIONS)
+    assert default.preset == "cpu" and default.only == list(bench.DEFAULT_SECTIONS)
+    assert "compare" in bench.SECTIONS and "compare" not in bench.DEFAULT_SECTIONS
     assert (default.gen_shape, default.prompt_len, default.new_tokens) == ("gpt2-124M", 16, 256)
 
 
@@ -150,3 +155,56 @@ def test_import_does_no_work():
     code = "import bench, sys; assert 'hellaswag' not in sys.modules and 'fineweb' not in sys.modules"
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout == "" and proc.stderr == "", proc.stderr
+
+
+COMPARE_TINY = ["--only", "compare", "--compare_rev", "HEAD", "--compare_steps", "3", "--compare_skip", "1",
+                "--compare_repeats", "1", "--threads", "1", "--compare_args",
+                "--n_layer 1 --n_head 1 --n_embd 16 --block_size 16 --seq_len 16 --batch_size 2 --total_batch_size 32"]
+
+
+@pytest.mark.slow
+def test_compare_head_against_head(tmp_path, monkeypatch):
+    """The same code run twice side by side: a speed-up near 1, identical losses, the temp trees removed."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    results = bench.main(COMPARE_TINY + ["--json", str(tmp_path / "b.json")])
+    assert results["failures"] == [] and list(results["sections"]) == ["compare"]
+    r = results["sections"]["compare"]
+    old, new = r["rows"]
+    assert old["tree"].startswith("HEAD (") and new["tree"].startswith("this tree (HEAD ")
+    assert old["timed_steps"] == new["timed_steps"] == 2 and old["speedup"] == 1.0
+    assert 0.2 < r["speedup"] < 5  # the same program: only the machine's load tells them apart
+    assert r["max_abs_loss_diff"] == 0.0 and r["losses_match"] and len(old["losses"]) == 3
+    assert old["losses"] == new["losses"] and old["final_loss"] == old["losses"][-1]
+    assert r["enforced"] == (old["dtype"] == new["dtype"] == "float32")
+    assert json.loads((tmp_path / "b.json").read_text())["sections"]["compare"]["speedup"] == r["speedup"]
+    assert list(scratch.iterdir()) == []  # the exported tree, the shards and the runs' logs are gone
+
+
+def test_compare_without_git_is_one_line(monkeypatch, capsys):
+    monkeypatch.setenv("PATH", "")
+    with pytest.raises(SystemExit) as e:
+        bench.parse_args(["--only", "compare"])
+    assert e.value.code == 2
+    assert "--compare_rev 6f26f28: git is not on PATH" in capsys.readouterr().err
+
+
+def test_parse_train_stdout_reads_old_and_new_step_lines():
+    text = """7,242,624 parameters | 1 process(es) on cpu | float32 | compile False
+total batch 2,048 tokens = 16 x 128 x 1 ranks x 1 micro-steps
+step     0 | loss 10.767937 | lr 3.0000e-04 | norm 3.8190 |  9075.5 ms |       226 tok/s
+step     1 | non-finite loss nan / grad norm nan: update skipped
+step     1 | loss nan | lr 6.0000e-04 | norm nan |    12.5 ms |  163840 tok/s | MFU 41.00%
+step     2 | val loss 10.1234
+step     2 |  5000 tok/s | loss 10.5 | 123.4 ms
+sampled bfloat16 text after the header: not a dtype
+"""
+    steps, dtype = bench.parse_train_stdout(text)
+    assert dtype == "float32"
+    assert [s["step"] for s in steps] == [0, 1, 2]
+    assert steps[0] == {"step": 0, "loss": 10.767937, "ms": 9075.5, "tok_per_s": 226.0}
+    assert steps[1]["ms"] == 12.5 and steps[1]["tok_per_s"] == 163840.0
+    assert steps[2] == {"step": 2, "loss": 10.5, "ms": 123.4, "tok_per_s": 5000.0}
+    assert bench.parse_train_stdout("1 | 1 process(es) | bfloat16\n")[1] == "bfloat16"
+    assert bench.parse_train_stdout("")[1] == "unknown"
