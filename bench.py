@@ -723,7 +723,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seq_len", type=int, help="sequence length T")
     g.add_argument("--warmup_steps", type=int, help="untimed steps first (compilation, allocator)")
     g.add_argument("--steps", type=int, help="timed steps; the median counts")
-    g.add_argument("--peak_flops", type=float, default=0.0, help="peak FLOP/s for MFU (0: look up the GPU; none on CPU)")
+    g.add_argument("--peak_flops", type=train_gpt2.finite_float, default=0.0,
+                   help="peak FLOP/s for MFU (0: look up the GPU; none on CPU)")
     g = p.add_argument_group("generate and hellaswag (hellaswag scores the train section's model shape)")
     g.add_argument("--gen_shape", choices=["gpt2-124M", "train"], help="generation model: GPT-2 124M or the train flags' shape")
     g.add_argument("--prompt_len", type=int, help="prompt tokens")
@@ -740,7 +741,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--loader_tokens", type=comma_ints, help="synthetic shard sizes in tokens, e.g. 2e6,2e7")
     g.add_argument("--loader_batch", type=int, help="B of the loader")
     g.add_argument("--loader_seq", type=int, help="T of the loader")
-    g.add_argument("--fineweb_mb", type=float, help="corpus size in MB (input.txt repeated)")
+    g.add_argument("--fineweb_mb", type=train_gpt2.finite_float, help="corpus size in MB (input.txt repeated)")
     g.add_argument("--fineweb_workers", type=comma_ints, help="worker counts of the pipeline runs")
     g.add_argument("--fineweb_repeats", type=int, help="runs per method; the fastest counts")
     g = p.add_argument_group("compare (whole train_gpt2.py runs; not in the default sections)")
@@ -751,9 +752,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--compare_repeats", type=int, default=3, help="runs of each tree, alternating")
     g.add_argument("--compare_args", default="", help="more train_gpt2.py flags for both, e.g. '--dtype float32' "
                    "(write --compare_args='--flag value' when it is a single flag)")
-    g.add_argument("--compare_rtol", type=float, default=1e-5,
+    g.add_argument("--compare_rtol", type=train_gpt2.finite_float, default=1e-5,
                    help="fp32 tolerance of the train losses' relative difference; over it, bench exits 1")
-    g.add_argument("--compare_timeout", type=float, default=3600, help="seconds one run may take")
+    g.add_argument("--compare_timeout", type=train_gpt2.finite_float, default=3600, help="seconds one run may take")
     return p
 
 
@@ -799,10 +800,6 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
             shlex.split(args.compare_args)
         except ValueError as e:
             parser.error(f"--compare_args {args.compare_args!r}: {e}")
-        try:
-            git_commit(HERE, args.compare_rev)  # a missing revision is found now, not after the other sections
-        except ValueError as e:
-            parser.error(str(e))
     blocked = next((p for p in Path(args.json).parents if p.exists() and not p.is_dir()), None)
     if blocked:  # found now, not after minutes of benchmarking
         parser.error(f"--json {args.json}: {blocked} is a file, not a directory")
@@ -817,6 +814,8 @@ def main(argv: Optional[list[str]] = None) -> dict:
         torch.set_num_threads(args.threads)
     try:
         device = resolve_device(args.device)
+        if "compare" in args.only:
+            git_commit(HERE, args.compare_rev)  # a missing revision is found now, not after the other sections
     except ValueError as e:
         sys.exit(f"bench.py: error: {e}")
     if device == "cuda":  # as train_gpt2 trains: TF32 for any fp32 matmul left outside autocast

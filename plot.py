@@ -98,7 +98,10 @@ def write_curves(log_dir: str | os.PathLike, out: str | os.PathLike | None = Non
 
     png = curves_png(log_dir)
     out = Path(log_dir) / "curves.png" if out is None else Path(out)
-    atomic_write(out, lambda f: f.write(png))
+    try:
+        atomic_write(out, lambda f: f.write(png))
+    except OSError as e:  # a full disk, a directory that is not there: the old curves.png, if any, is intact
+        raise OSError(f"could not write {out} ({e.strerror or e})") from None
     return out
 
 

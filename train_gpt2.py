@@ -501,7 +501,7 @@ def find_shards(data_root: str | os.PathLike) -> tuple[dict[str, list[Path]], Op
         raise ValueError(f"{root} holds shards of {len(prefixes)} corpora (prefixes {', '.join(prefixes)}); "
                          "keep one corpus per directory")
     splits = {s: [p for _, p in sorted((int(m["index"]), p) for m, p in found if m["split"] == s)]
-              for s in ("val", "train")}
+              for s in ("train", "val")}
     for split, paths in splits.items():
         if not paths:
             raise FileNotFoundError(f"no '{split}' shards (*_{split}_*.npy) in {root}; run fineweb.py to make them")
@@ -555,8 +555,7 @@ class DataLoaderLite:
         self.all = windows([len(s) for s in self.shards], B * T)
         if len(self.all) < world:
             raise ValueError(f"the train shards hold {len(self.all)} window(s) of B x T + 1 = {B * T + 1} tokens, fewer "
-                             f"than the {world} rank(s) that read one each per micro-step; lower batch_size/seq_len or "
-                             "add data")
+                             f"than one step needs (one for each of {world} rank(s)); lower batch_size/seq_len or add data")
         self.taken, self.epoch, self.order = 0, None, None  # taken: windows the whole world has read so far
 
     def epoch_order(self, epoch: int) -> np.ndarray:
@@ -1213,7 +1212,8 @@ def lock_holder(path: Path) -> str:
     key = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
     try:
         pid = next(line.split()[4] for line in Path("/proc/locks").read_text().splitlines() if key in line.split())
-        return f"pid {pid}: {Path(f'/proc/{pid}/cmdline').read_bytes().replace(bytes(1), b' ').decode().strip()}"
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(bytes(1), b" ").decode().strip()
+        return f"pid {pid}: {command if len(command) < 100 else command[:97] + '...'}"
     except (OSError, StopIteration):
         return "another process"
 

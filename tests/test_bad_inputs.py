@@ -76,7 +76,7 @@ CASES = [
     train("train split shorter than one step", "--data_root", "{d}/short", message="fewer than one step"),
     train("token ids >= vocab_size", "--vocab_size", "50", message="token id 63 >= vocab_size 50"),
     # train_gpt2.py: checkpoints and weights
-    train("--resume a checkpoint of another model shape", "--resume", "{d}/other_shape.pt",
+    train("--resume a checkpoint of another model shape", "--resume", "{d}/other_run.pt",
           message="holds a model of shape"),
     train("--resume a truncated checkpoint", "--resume", "{d}/torn.pt", message="is not a readable checkpoint"),
     train("--resume a checkpoint that does not exist", "--resume", "{d}/missing.pt", message="does not exist"),
@@ -106,7 +106,7 @@ CASES = [
     train("data that fineweb.py did not finish", "--data_root", "{d}/unfinished",
           message="has no manifest.json and holds an unfinished fineweb.py output"),
     train("data of two corpora in one directory", "--data_root", "{d}/two_corpora", message="holds shards of 2 corpora"),
-    train("a shard whose size is not the manifest's", "--data_root", "{d}/changed",
+    train("a shard whose size is not the manifest's", "--data_root", "{d}/changed", "--vocab_size", "0",
           message="holds 100 tokens, manifest.json says 4096; re-run fineweb.py"),
     # train_gpt2.py: other runs' checkpoints, other runs, a full disk
     train("--resume auto with --max_steps below the newest checkpoint", "--log_dir", "{d}/ahead", "--resume", "auto",
@@ -176,6 +176,8 @@ CASES = [
     Case("bench.py", "non-positive --batch_size", ("--batch_size", "0"), "expected positive integers"),
     Case("bench.py", "--n_embd not divisible by --n_head", ("--n_embd", "33"), "must be divisible by --n_head"),
     Case("bench.py", "--device cuda without a GPU", ("--device", "cuda"), "CUDA is not available on this machine", cpu_only=True),
+    Case("bench.py", "a float option that is not finite", ("--peak_flops", "nan"),
+         "argument --peak_flops: expected a finite number, got 'nan'"),
     Case("bench.py", "--json in a directory that is a file",
          ("--only", "train", "--n_layer", "1", "--n_head", "1", "--n_embd", "8", "--vocab_size", "16", "--block_size",
           "8", "--seq_len", "8", "--batch_size", "1", "--steps", "1", "--warmup_steps", "0", "--json",
@@ -208,6 +210,8 @@ def make_inputs(d: Path) -> Path:
 
     config = GPTConfig(block_size=32, vocab_size=64, n_layer=1, n_head=1, n_embd=16)  # not TINY's 2 x 32
     torch.save({"model": GPT(config).state_dict(), "model_config": dataclasses.asdict(config)}, d / "other_shape.pt")
+    torch.save({"model": GPT(config).state_dict(), "model_config": dataclasses.asdict(config), "optimizer": {},
+                "train_loader": {}, "rng": {}, "step": 1}, d / "other_run.pt")
     (d / "torn.pt").write_bytes((d / "other_shape.pt").read_bytes()[:1000])
     (d / "not_a_model").mkdir()
     (d / "not_a_model" / "config.json").write_text("{this is not json")

@@ -118,7 +118,7 @@ def test_missing_and_wrong_kinds_of_data_directory(tmp_path):
     (tmp_path / "a_file").write_text("x")
     with pytest.raises(ValueError, match="a_file is a file, not a directory"):
         find_shards(tmp_path / "a_file")
-    with pytest.raises(FileNotFoundError, match="no 'val' shards"):
+    with pytest.raises(FileNotFoundError, match="no 'train' shards"):
         find_shards(tmp_path)
 
 
@@ -212,7 +212,7 @@ def test_state_dict_from_other_data_or_batching_is_refused(data, tmp_path):
 def test_too_few_windows_for_the_ranks(tmp_path):
     paths = write_split(tmp_path, "train", [20])  # two windows of 9 tokens
     assert len(DataLoaderLite(paths, B, T, rank=1, world=2).all) == 2
-    with pytest.raises(ValueError, match="2 window\\(s\\) of B x T \\+ 1 = 9 tokens, fewer than the 3 rank"):
+    with pytest.raises(ValueError, match="2 window\\(s\\) of B x T \\+ 1 = 9 tokens, fewer than one step needs \\(one for each of 3 rank"):
         DataLoaderLite(paths, B, T, rank=0, world=3)
 
 
