@@ -155,6 +155,25 @@ def load_examples(
     return read_jsonl(data)
 
 
+def load_for_training(data: Optional[str], limit: int, rank: int, world_size: int, device) -> tuple[list, str]:
+    """(examples, '') for a training run's in-loop evaluation, or ([], why not) on every rank alike (e.g. offline),
+    so that all ranks take part in evaluate() or none does. Rank 0 reads (downloads) first: the file is fetched once."""
+    examples, error = [], ""
+    for turn in (0, 1):
+        if (rank == 0) == (turn == 0):
+            try:
+                examples = load_examples("val", data=data)[: limit or None]
+            except (FileNotFoundError, OSError, ValueError) as e:
+                error = str(e)
+        if world_size > 1:
+            torch.distributed.barrier()
+    if world_size > 1:
+        failed = torch.tensor([bool(error)], dtype=torch.long, device=device)
+        torch.distributed.all_reduce(failed)
+        error = error or ("unavailable on another rank" if failed.item() else "")
+    return ([], error) if error else (examples, "")
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Rendering and scoring
 

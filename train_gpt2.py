@@ -1,15 +1,12 @@
 """
 GPT-2 pretraining in one file: config, model, data, learning-rate schedule, DDP, evaluation, training loop.
 
-    python fineweb.py --local input.txt --out_dir data/shakespeare             # tokenise the bundled corpus
-    python train_gpt2.py --preset shakespeare                                  # a small GPT on a CPU, minutes
-    torchrun --standalone --nproc_per_node=8 train_gpt2.py --preset gpt2-124M  # the 10B-token recipe
-    python train_gpt2.py -h                                                    # every flag
+    python fineweb.py --local input.txt --tokenizer char --out_dir data/shakespeare_char  # characters of the plays
+    python train_gpt2.py --preset shakespeare_char                                        # minutes on a laptop CPU
+    torchrun --standalone --nproc_per_node=8 train_gpt2.py --preset gpt2-124M             # the 10B-token recipe
 
-Data: fineweb.py's uint16 .npy token shards, {prefix}_{val|train}_{index:06d}.npy. Beside this file:
-sample.py (text from a model), hellaswag.py (evaluation; the loop calls it), plot.py (log.txt -> curves.png),
-export_hf.py (a checkpoint as a Hugging Face directory), bench.py (speed). A run needs none of them but
-hellaswag.py, and that only to evaluate HellaSwag. Importing this module does nothing but define things.
+Data: fineweb.py's uint16 token shards and manifest.json. Beside this file: sample.py, hellaswag.py (the loop
+calls it), plot.py (curves.png), export_hf.py, bench.py. Importing this module does nothing but define things.
 """
 
 from __future__ import annotations
@@ -62,9 +59,9 @@ class GPTConfig:
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
 
-def opt(default, help: str):
-    """A TrainConfig field: its default and the --help text of its command-line flag."""
-    return field(default=default, metadata={"help": help})
+def opt(default, help: str, choices: tuple = ()):
+    """A TrainConfig field: its default, the --help text of its command-line flag, the values allowed (if listed)."""
+    return field(default=default, metadata={"help": help, **({"choices": choices} if choices else {})})
 
 @dataclass
 class TrainConfig:
@@ -107,8 +104,8 @@ class TrainConfig:
     resume: str = opt("", "'' (fresh run) | auto (newest valid checkpoint in log_dir, else fresh) | PATH")
     # runtime
     device: str = opt("auto", "auto (cuda > mps > cpu) | cpu | cuda | cuda:N | mps")
-    dtype: str = opt("auto", "auto (bfloat16 on CUDA, else float32) | bfloat16 | float32: autocast dtype")
-    compile: str = opt("auto", "torch.compile the training model: auto (on for CUDA) | true | false")
+    dtype: str = opt("auto", "autocast dtype; auto: bfloat16 on CUDA, else float32", ("auto", "bfloat16", "float32"))
+    compile: str = opt("auto", "torch.compile the training model; auto: on CUDA", ("auto", "true", "false"))
     seed: int = opt(1337, "seed of the initial weights, shuffling and samples")
     overfit_batch: bool = opt(False, "train on one fixed batch (a sanity check: the loss must go to ~0)")
     peak_flops: float = opt(0.0, "peak FLOP/s of one device for MFU (0: look up the GPU; none on CPU)")
@@ -117,14 +114,14 @@ class TrainConfig:
     def __post_init__(self):
         positive = ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "seq_len", "total_batch_size", "max_steps",
                     "sample_length")
-        non_negative = ("vocab_size", "warmup_steps", "eval_interval", "hellaswag_interval", "hellaswag_limit",
-                        "sample_interval", "ckpt_interval", "keep_last", "weight_decay", "grad_clip", "skip_spikes",
-                        "peak_flops", "val_tokens")
         for name, value in dataclasses.asdict(self).items():
             if isinstance(value, float) and not math.isfinite(value):  # NaN would pass every test below
                 raise ValueError(f"--{name} must be a finite number, got {value}")
-            if (name in positive and value <= 0) or (name in non_negative and value < 0):
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0 and (value < 0 or name in positive):
                 raise ValueError(f"--{name} must be {'positive' if name in positive else '>= 0'}, got {value}")
+            if value not in self.__dataclass_fields__[name].metadata.get("choices", (value,)):
+                raise ValueError(f"--{name} must be one of {'|'.join(self.__dataclass_fields__[name].metadata['choices'])}, "
+                                 f"got {value!r}")
         if self.n_embd % self.n_head:
             raise ValueError(f"--n_embd ({self.n_embd}) must be divisible by --n_head ({self.n_head})")
         if self.seq_len > self.block_size:
@@ -132,19 +129,12 @@ class TrainConfig:
         if self.total_batch_size % (self.batch_size * self.seq_len):
             raise ValueError(f"--total_batch_size ({self.total_batch_size}) must be divisible by batch_size x "
                              f"seq_len ({self.batch_size} x {self.seq_len} = {self.batch_size * self.seq_len})")
-        if self.lr_decay_steps is not None and self.lr_decay_steps <= 0:
-            raise ValueError(f"--lr_decay_steps must be positive, got {self.lr_decay_steps}")
         if not 0 < self.max_lr < 1 or not 0 <= self.min_lr_ratio <= 1:
             raise ValueError(f"need 0 < max_lr < 1 and 0 <= min_lr_ratio <= 1, got {self.max_lr}, {self.min_lr_ratio}")
-        if self.eval_interval and self.val_tokens <= 0:
-            raise ValueError("--val_tokens must be positive when --eval_interval is set")
-        if self.val_tokens % self.seq_len:
-            raise ValueError(f"--val_tokens ({self.val_tokens}) must be a multiple of --seq_len ({self.seq_len})")
+        if self.val_tokens % self.seq_len or (self.eval_interval and not self.val_tokens):
+            raise ValueError(f"--val_tokens ({self.val_tokens}) must be a positive multiple of --seq_len ({self.seq_len})")
         if self.hellaswag_data:
             check_path(self.hellaswag_data, "--hellaswag_data", is_dir=False)
-        for name, allowed in (("dtype", ("auto", "bfloat16", "float32")), ("compile", ("auto", "true", "false"))):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"--{name} must be one of {'|'.join(allowed)}, got {getattr(self, name)!r}")
 
 def str2bool(text: str) -> bool:
     if text.lower() not in ("true", "1", "yes", "false", "0", "no"):
@@ -699,25 +689,6 @@ def sample_texts(model: GPT, enc, prompt: str, num_samples: int, max_new_tokens:
     model.train(was_training)
     return [enc.decode(row.tolist()) for row in out]
 
-def load_hellaswag(cfg: TrainConfig, rt: Runtime, enc, log) -> list:
-    """HellaSwag val examples, or [] with a message when they cannot be had (offline, or a model that does not
-    speak GPT-2's tokens). Rank 0 goes first, so the file is downloaded once; all ranks get the same answer."""
-    import hellaswag  # beside this file; it does not import this module back
-
-    examples, error = [], None if enc.name == "gpt2" else f"the model's tokenizer is {enc.name}, not GPT-2's"
-    for turn in (0, 1):
-        if (rt.rank == 0) == (turn == 0) and error is None:
-            try:
-                examples = hellaswag.load_examples("val", data=cfg.hellaswag_data or None)
-            except (FileNotFoundError, OSError, ValueError) as e:
-                error = e
-        if rt.ddp:
-            dist.barrier()
-    if all_ranks_agree(error is not None, rt):
-        log(f"HellaSwag skipped: {error or 'unavailable on another rank'}")
-        return []
-    return examples[: cfg.hellaswag_limit] if cfg.hellaswag_limit else examples
-
 # How each metric reads on stdout; log.txt and wandb get every value as measured. A kind missing here needs no
 # entry: it prints as `kind value`.
 SHOW = {"train": "loss {:.6f}", "val": "val loss {:.4f}", "hella": "HellaSwag acc_norm {:.4f}", "lr": "lr {:.4e}",
@@ -858,12 +829,17 @@ def evaluate(run: Run, step: int, metrics: Metrics, log):
         metrics.report(step, val=evaluate_val_loss(model, *run.val, cfg.val_tokens, cfg.batch_size, cfg.seq_len, rt,
                                                    run.dtype, model.config.vocab_size))
     if is_due(step, cfg.hellaswag_interval, cfg.max_steps):
-        run.hellaswag = run.hellaswag if run.hellaswag is not None else load_hellaswag(cfg, rt, run.enc, log)
-        if run.hellaswag:
-            import hellaswag
+        import hellaswag  # beside this file; it does not import this module back
 
-            result = hellaswag.evaluate(model, run.hellaswag, rt.device, enc=run.enc, rank=rt.rank,
-                                        world_size=rt.world_size,
+        if run.hellaswag is None:  # loaded once; [] when it cannot be had (offline) or does not apply
+            run.hellaswag, why = [], f"the model's tokenizer is {run.enc.name}, not GPT-2's"
+            if run.enc.name == "gpt2":
+                run.hellaswag, why = hellaswag.load_for_training(cfg.hellaswag_data or None, cfg.hellaswag_limit,
+                                                                 rt.rank, rt.world_size, rt.device)
+            if why:
+                log(f"HellaSwag skipped: {why}")
+        if run.hellaswag:
+            result = hellaswag.evaluate(model, run.hellaswag, rt.device, enc=run.enc, rank=rt.rank, world_size=rt.world_size,
                                         autocast_dtype=torch.bfloat16 if run.dtype == "bfloat16" else None)
             metrics.report(step, hella=result["acc_norm"])
     if is_due(step, cfg.sample_interval, cfg.max_steps) and rt.master:
@@ -1015,17 +991,15 @@ def check_nonfinite(run: Run, step: int, loss: float, norm: float, log):
     log(f"step {step:5d} | non-finite loss {loss} / grad norm {norm}: update skipped")
 
 def check_path(path: str | os.PathLike, what: str, is_dir: bool) -> Path:
-    """path if it is there and of the right kind; else one line naming it: missing, a symlink loop, no permission,
-    or a file where a directory belongs (or the other way round)."""
+    """path, if it is there and of the right kind; else one line naming it: missing, a symlink loop, no permission,
+    a file where a directory belongs or the other way round."""
     try:
-        mode = (p := Path(path)).stat().st_mode
+        if stat.S_ISDIR((p := Path(path)).stat().st_mode) != is_dir:
+            raise ValueError(f"{what} {path} is a {'file' if is_dir else 'directory'}, not a {'directory' if is_dir else 'file'}")
     except FileNotFoundError:
         raise FileNotFoundError(f"{what} {path} does not exist") from None
     except OSError as e:
         raise ValueError(f"{what} {path}: {e.strerror}") from None
-    if stat.S_ISDIR(mode) != is_dir:
-        kinds = ("directory", "file") if stat.S_ISDIR(mode) else ("file", "directory")
-        raise ValueError(f"{what} {path} is a {kinds[0]}, not a {kinds[1]}")
     if not os.access(p, os.R_OK | (os.X_OK if is_dir else 0)):
         raise ValueError(f"{what} {path}: permission denied")
     return p
@@ -1060,11 +1034,11 @@ def save_checkpoint(run: Run, val_loss: Optional[float]) -> Path:
     if run.rt.master:
         if not all(torch.isfinite(p).all() for p in run.model.parameters()):
             raise NonFiniteError(f"refusing to checkpoint non-finite weights at step {run.step}")
-        enc = {"tokenizer": run.enc.name, **({"vocab": run.enc.chars} if run.enc.name == "char" else {})}
         ckpt = {"model": run.model.state_dict(), "optimizer": run.optimizers[0].state_dict(),
                 "muon": run.optimizers[1].state_dict() if len(run.optimizers) > 1 else None,
                 "model_config": dataclasses.asdict(run.model.config), "train_config": dataclasses.asdict(run.cfg),
-                "tokenizer": enc, "step": run.step, "evals_done": run.evals_done, "val_loss": val_loss,
+                "tokenizer": {"tokenizer": run.enc.name, "vocab": getattr(run.enc, "chars", None)},
+                "step": run.step, "evals_done": run.evals_done, "val_loss": val_loss,
                 "train_loader": run.train_loader.state_dict(), "rng": capture_rng_state(),
                 "spikes": {"history": run.guard.history, "skipped": run.skipped},
                 "lineage": {k: v for k, v in run.lineage.items() if k != "suffix"}}
@@ -1105,9 +1079,9 @@ def resume(run: Run, log_dir: Path, log):
             opt.load_state_dict(state)
         run.train_loader.load_state_dict(ckpt["train_loader"])
         restore_rng_state(ckpt["rng"])
-        run.step, run.evals_done, run.val_loss = ckpt["step"], ckpt["evals_done"], ckpt["val_loss"]
-        run.guard.history, run.skipped = ckpt.get("spikes", {}).get("history", []), ckpt.get("spikes", {}).get("skipped", 0)
-        run.resumed_from = str(path)
+        run.step, run.evals_done, run.val_loss, run.resumed_from = ckpt["step"], ckpt["evals_done"], ckpt["val_loss"], str(path)
+        spikes = ckpt.get("spikes", {"history": [], "skipped": 0})  # checkpoints from before the spike guard have none
+        run.guard.history, run.skipped = spikes["history"], spikes["skipped"]
     run.lineage = choose_lineage(log_dir, path, ckpt, run.rt)
     branch = f"; a new lineage {run.lineage['id']} branches from it" if ckpt and run.lineage["parent"] else ""
     log(f"resumed from {path} at step {run.step}{branch}" if ckpt else f"lineage {run.lineage['id']} starts")
@@ -1218,20 +1192,13 @@ def lock_holder(path: Path) -> str:
         return "another process"
 
 def capture_rng_state() -> dict:
-    """Every RNG a run touches, as tensors and plain lists (weights_only-loadable)."""
-    np_state, py_state = np.random.get_state(), random.getstate()
-    return {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-            "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]],
-            "python": [py_state[0], list(py_state[1]), py_state[2]]}
+    """The RNGs a run draws from (torch's, CPU and CUDA: dropout), as tensors (weights_only-loadable)."""
+    return {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
 
 def restore_rng_state(state: dict):
     torch.set_rng_state(state["torch"])
     if state["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-    name, keys, *rest = state["numpy"]
-    np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
 
 def atomic_write(path: Path, write):
     """write(f) into a temp file beside `path`, fsync, then rename: a crash never leaves a truncated file."""
@@ -1252,18 +1219,14 @@ def refresh_plot(log_dir: str | os.PathLike):
 
         png = plot.curves_png(log_dir)
         atomic_write(Path(log_dir) / "curves.png", lambda f: f.write(png))
-    except ImportError as e:
-        print(f"note: curves.png not drawn ({e}); it needs plot.py beside this file and matplotlib", file=sys.stderr)
-    except Exception as e:  # e.g. a full disk: warn and train on
+    except Exception as e:  # plot.py or matplotlib missing, a full disk: say so, and train on
         print(f"warning: curves.png not updated ({type(e).__name__}: {e})", file=sys.stderr)
 
 class StopSignal:
     """Set by SIGTERM/SIGINT; the loop checks it after each step, saves a checkpoint and exits cleanly."""
 
     def __enter__(self):
-        self.requested, self.previous = False, {}
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            self.previous[sig] = signal.signal(sig, self._handle)
+        self.requested, self.previous = False, {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
         return self
 
     def _handle(self, signum, frame):
