@@ -186,9 +186,8 @@ class KVCache:
     def __init__(self, config: GPTConfig, batch_size: int, device, dtype, length: Optional[int] = None):
         self.length = config.block_size if length is None else length  # short sequences need less memory
         shape = (config.n_layer, batch_size, config.n_head, self.length, config.n_embd // config.n_head)
-        self.k = torch.empty(shape, device=device, dtype=dtype)  # positions past pos are never read
-        self.v = torch.empty(shape, device=device, dtype=dtype)
-        self.pos = 0  # number of positions already cached
+        self.k, self.v = torch.empty(shape, device=device, dtype=dtype), torch.empty(shape, device=device, dtype=dtype)
+        self.pos = 0  # number of positions already cached; those past it are never read
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         """Store k, v (B, nh, T, hs) after the cached positions; return all keys and values so far."""
@@ -254,25 +253,19 @@ class GPT(nn.Module):
             h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]), ln_f=nn.LayerNorm(config.n_embd)))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # weight tying: one Parameter, two uses
-        self.apply(self._init_weights)
-        # Each block adds two projections to the residual stream; scale them so its variance stays O(1).
+        for module in self.modules():  # GPT-2's init: N(0, 0.02) weights, zero biases (LayerNorm keeps 1 and 0)
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
         for name, p in self.named_parameters():
-            if name.endswith("c_proj.weight"):
+            if name.endswith("c_proj.weight"):  # two per block add to the residual stream: keep its variance O(1)
                 nn.init.normal_(p, mean=0.0, std=0.02 * (2 * config.n_layer) ** -0.5)
 
-    @staticmethod
-    def _init_weights(module: nn.Module):
-        """GPT-2's init: N(0, 0.02) for Linear and Embedding weights, zero biases (LayerNorm keeps 1 and 0)."""
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
-        if isinstance(module, nn.Linear) and module.bias is not None:
-            nn.init.zeros_(module.bias)
-
     def features(self, idx: torch.Tensor, kv_cache: Optional[KVCache] = None, pos=None, attn_mask=None) -> torch.Tensor:
-        """idx (B, T) token ids -> final hidden states (B, T, C) after ln_f, which lm_head turns into logits.
-        With a kv_cache, idx continues the cached positions (a prefill, a decode step or a chunk). Packed rows
-        (several sequences in one, e.g. continuations of one prefix) give their own position ids pos (B, T)
-        and attn_mask (B, 1, T, T), True where a query may see a key, in place of the causal mask."""
+        """idx (B, T) token ids -> hidden states (B, T, C) after ln_f (lm_head's input). With a kv_cache, idx continues
+        the cached positions (prefill, decode step or chunk). Packed rows (several sequences in one, e.g. endings of
+        one prefix) bring position ids pos (B, T) and attn_mask (B, 1, T, T), True where a query may see a key."""
         past, T = self._check_inputs(idx, kv_cache, pos, attn_mask), idx.size(1)
         pos = torch.arange(past, past + T, dtype=torch.long, device=idx.device) if pos is None else pos  # (T,)
         mask = attention_mask(T, past, idx.device, attn_mask)  # one mask for every layer
@@ -331,21 +324,19 @@ class GPT(nn.Module):
     def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: Optional[int] = None,
                  generator: Optional[torch.Generator] = None, use_cache: bool = True,
                  vocab_limit: Optional[int] = None) -> torch.Tensor:
-        """Extend idx (B, T) by max_new_tokens sampled tokens (greedy when temperature == 0), from the last
-        block_size tokens. The KV cache is exact: while the sequence fits, each step feeds one token; past
-        block_size every position shifts, so the window is re-run whole (as without a cache, every step).
-        vocab_limit masks padded ids (e.g. >= 50257) out."""
+        """Extend idx (B, T) by max_new_tokens sampled tokens (greedy when temperature == 0), from the last block_size
+        tokens; vocab_limit masks padded ids (e.g. >= 50257) out. The KV cache is exact: while the sequence fits, each
+        step feeds one token; past block_size every position shifts, so the window is re-run whole (as uncached)."""
         if not temperature >= 0 or (top_k is not None and top_k <= 0):
             raise ValueError(f"need temperature >= 0 and top_k positive, got {temperature} and {top_k}")
-        weight, block_size, cache = self.lm_head.weight, self.config.block_size, None
+        weight, block_size, cache, dev = self.lm_head.weight, self.config.block_size, None, self.lm_head.weight.device
         for _ in range(max_new_tokens):
             if use_cache and cache is not None and idx.size(1) <= block_size:
                 h = self.features(idx[:, -1:], cache)  # decode: only the newest token is new
             elif use_cache and idx.size(1) < block_size:
                 # k and v are made in autocast's dtype when it is on; the cache is sized to what the call fills
-                on = torch.is_autocast_enabled(weight.device.type)
-                dtype = torch.get_autocast_dtype(weight.device.type) if on else weight.dtype
-                cache = KVCache(self.config, idx.size(0), weight.device, dtype, min(block_size, idx.size(1) + max_new_tokens))
+                dtype = torch.get_autocast_dtype(dev.type) if torch.is_autocast_enabled(dev.type) else weight.dtype
+                cache = KVCache(self.config, idx.size(0), dev, dtype, min(block_size, idx.size(1) + max_new_tokens))
                 h = self.features(idx, cache)  # prefill the prompt once
             else:
                 h = self.features(idx[:, -block_size:])  # no cache, or a sliding window whose positions all move
