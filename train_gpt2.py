@@ -51,6 +51,8 @@ class GPTConfig:
     n_layer: int = 12  # transformer blocks
     n_head: int = 12  # attention heads per block
     n_embd: int = 768  # residual stream width
+    dropout: float = 0.0  # nanoGPT's: after the embeddings, on attention weights and on both branches' outputs
+    bias: bool = True  # biases in every Linear and LayerNorm, as in GPT-2 (False: nanoGPT's leaner variant)
 
     def __post_init__(self):
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
@@ -59,6 +61,8 @@ class GPTConfig:
                 raise ValueError(f"GPTConfig.{name} must be a positive integer, got {value!r}")
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
 
 def opt(default, help: str):
     """A TrainConfig field: its default and the --help text of its command-line flag."""
@@ -76,6 +80,8 @@ class TrainConfig:
     n_embd: int = opt(768, "residual width")
     block_size: int = opt(1024, "maximum context length")
     vocab_size: int = opt(50304, "token table rows: 50257 real ids padded to a multiple of 128 for speed")
+    dropout: float = opt(0.0, "dropout in training (0: none, as GPT-2 pretraining); also with --init_from")
+    bias: bool = opt(True, "biases in Linears and LayerNorms (false: nanoGPT's variant; GPT-2 weights have them)")
     init_from: str = opt("scratch", "scratch | gpt2 | gpt2-medium | ... | HF_DIR | CHECKPOINT.pt (weights only)")
     # batch
     batch_size: int = opt(64, "micro-batch B: sequences per forward pass per process")
@@ -209,32 +215,34 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig, layer: int):
         super().__init__()
         self.n_head, self.layer = config.n_head, layer  # layer: the index into a KVCache
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)  # q, k, v for all heads in one matmul
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd)
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # q, k, v of all heads at once
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.attn_dropout, self.resid_dropout = nn.Dropout(config.dropout), nn.Dropout(config.dropout)  # HF's names
 
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None, kv_cache: Optional[KVCache] = None):
         B, T, C = x.size()
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in self.c_attn(x).split(C, dim=2))
         if kv_cache is not None:  # q, k, v: (B, nh, T, hs)
             k, v = kv_cache.update(self.layer, k, v)  # (B, nh, past+T, hs)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)  # (B, nh, T, hs)
-        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))  # heads merged back
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+                                           dropout_p=self.attn_dropout.p if self.training else 0.0)  # (B, nh, T, hs)
+        return self.resid_dropout(self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C)))  # heads merged back
 
 class MLP(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd)
-        self.gelu = nn.GELU(approximate="tanh")  # GPT-2 used the tanh approximation
-        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd)
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.gelu, self.dropout = nn.GELU(approximate="tanh"), nn.Dropout(config.dropout)  # GPT-2's tanh GELU
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.c_proj(self.gelu(self.c_fc(x)))
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
 
 class Block(nn.Module):
     def __init__(self, config: GPTConfig, layer: int):
         super().__init__()
-        self.ln_1, self.attn = nn.LayerNorm(config.n_embd), CausalSelfAttention(config, layer)
-        self.ln_2, self.mlp = nn.LayerNorm(config.n_embd), MLP(config)
+        self.ln_1, self.attn = nn.LayerNorm(config.n_embd, bias=config.bias), CausalSelfAttention(config, layer)
+        self.ln_2, self.mlp = nn.LayerNorm(config.n_embd, bias=config.bias), MLP(config)
 
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None, kv_cache: Optional[KVCache] = None):
         x = x + self.attn(self.ln_1(x), mask, kv_cache)  # pre-norm: the residual stream itself is never normalised
@@ -250,7 +258,8 @@ class GPT(nn.Module):
         self.config = config
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(config.vocab_size, config.n_embd), wpe=nn.Embedding(config.block_size, config.n_embd),
-            h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]), ln_f=nn.LayerNorm(config.n_embd)))
+            drop=nn.Dropout(config.dropout), h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
+            ln_f=nn.LayerNorm(config.n_embd, bias=config.bias)))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # weight tying: one Parameter, two uses
         for module in self.modules():  # GPT-2's init: N(0, 0.02) weights, zero biases (LayerNorm keeps 1 and 0)
@@ -269,7 +278,7 @@ class GPT(nn.Module):
         past, T = self._check_inputs(idx, kv_cache, pos, attn_mask), idx.size(1)
         pos = torch.arange(past, past + T, dtype=torch.long, device=idx.device) if pos is None else pos  # (T,)
         mask = attention_mask(T, past, idx.device, attn_mask)  # one mask for every layer
-        x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C)
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B, T, C)
         for block in self.transformer.h:
             x = block(x, mask, kv_cache)
         if kv_cache is not None:
@@ -355,9 +364,9 @@ class GPT(nn.Module):
         return idx
 
     @classmethod
-    def from_pretrained(cls, name_or_path: str) -> "GPT":
-        """OpenAI GPT-2 weights: a hub name ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl', downloaded by
-        transformers) or a local directory written by GPT2LMHeadModel.save_pretrained."""
+    def from_pretrained(cls, name_or_path: str, dropout: float = 0.0) -> "GPT":
+        """OpenAI GPT-2 weights from a hub name (gpt2, gpt2-medium, -large, -xl; via transformers) or a directory of
+        GPT2LMHeadModel.save_pretrained. Dropout is ours to choose; the rest (biases included) is GPT-2's."""
         if name_or_path not in HF_HUB_MODELS and not Path(name_or_path).is_dir():
             raise ValueError(f"{name_or_path!r} is neither a GPT-2 hub name {list(HF_HUB_MODELS)} nor a directory")
         from transformers import GPT2LMHeadModel  # heavy; only when asked for
@@ -375,7 +384,7 @@ class GPT(nn.Module):
         differ = {k: getattr(c, k, v) for k, v in fixed.items() if getattr(c, k, v) != v}
         if differ:
             raise ValueError(f"{name_or_path}: config {differ} is not supported; GPT-2 has {fixed}")
-        model = cls(GPTConfig(c.n_positions, c.vocab_size, c.n_layer, c.n_head, c.n_embd))
+        model = cls(GPTConfig(c.n_positions, c.vocab_size, c.n_layer, c.n_head, c.n_embd, dropout))
         model.load_state_dict(convert_hf_state_dict(hf.state_dict(), model.state_dict()))
         return model
 
@@ -745,10 +754,14 @@ class Run:
     hellaswag: Optional[list] = None  # loaded at the first HellaSwag evaluation
 
 def build_model(cfg: TrainConfig) -> GPT:
-    """From scratch with cfg's shape, or the weights named by --init_from (cropped to block_size if shorter)."""
+    """From scratch with cfg's shape, or --init_from's weights (cropped to block_size if shorter); cfg's dropout."""
     if cfg.init_from == "scratch":
-        return GPT(GPTConfig(cfg.block_size, cfg.vocab_size, cfg.n_layer, cfg.n_head, cfg.n_embd))
+        return GPT(GPTConfig(cfg.block_size, cfg.vocab_size, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.dropout, cfg.bias))
     model = load_model(cfg.init_from)
+    if model.config.bias and not cfg.bias:
+        raise ValueError(f"--bias false: {cfg.init_from} has biases (GPT-2's weights always do)")
+    model.config = dataclasses.replace(model.config, dropout=cfg.dropout)  # the run's choice, not the weights'
+    model.apply(lambda m: setattr(m, "p", cfg.dropout) if isinstance(m, nn.Dropout) else None)
     if cfg.block_size < model.config.block_size:
         model.crop_block_size(cfg.block_size)
     if cfg.seq_len > model.config.block_size:
