@@ -50,6 +50,8 @@ class GPTConfig:
     n_layer: int = 12  # transformer blocks
     n_head: int = 12  # attention heads per block
     n_embd: int = 768  # residual stream width
+    dropout: float = 0.0  # nanoGPT's: after the embeddings, on attention weights and on both branches' outputs
+    bias: bool = True  # biases in every Linear and LayerNorm, as in GPT-2 (False: nanoGPT's leaner variant)
 
     def __post_init__(self):
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
@@ -58,6 +60,8 @@ class GPTConfig:
                 raise ValueError(f"GPTConfig.{name} must be a positive integer, got {value!r}")
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
 
 def opt(default, help: str, choices: tuple = ()):
     """A TrainConfig field: its default, the --help text of its command-line flag, the values allowed (if listed)."""
@@ -75,6 +79,8 @@ class TrainConfig:
     n_embd: int = opt(768, "residual width")
     block_size: int = opt(1024, "maximum context length")
     vocab_size: int = opt(0, "token table rows; 0: the data's tokenizer's (GPT-2's 50257 padded to 50304 for speed)")
+    dropout: float = opt(0.0, "dropout in training (0: none, as GPT-2 pretraining); also with --init_from")
+    bias: bool = opt(True, "biases in Linears and LayerNorms (false: nanoGPT's variant; GPT-2 weights have them)")
     init_from: str = opt("scratch", "scratch | gpt2 | gpt2-medium | ... | HF_DIR | CHECKPOINT.pt (weights only)")
     # batch
     batch_size: int = opt(64, "micro-batch B: sequences per forward pass per process")
@@ -188,9 +194,8 @@ class KVCache:
     def __init__(self, config: GPTConfig, batch_size: int, device, dtype, length: Optional[int] = None):
         self.length = config.block_size if length is None else length  # short sequences need less memory
         shape = (config.n_layer, batch_size, config.n_head, self.length, config.n_embd // config.n_head)
-        self.k = torch.empty(shape, device=device, dtype=dtype)  # positions past pos are never read
-        self.v = torch.empty(shape, device=device, dtype=dtype)
-        self.pos = 0  # number of positions already cached
+        self.k, self.v = torch.empty(shape, device=device, dtype=dtype), torch.empty(shape, device=device, dtype=dtype)
+        self.pos = 0  # number of positions already cached; those past it are never read
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         """Store k, v (B, nh, T, hs) after the cached positions; return all keys and values so far."""
@@ -212,32 +217,34 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig, layer: int):
         super().__init__()
         self.n_head, self.layer = config.n_head, layer  # layer: the index into a KVCache
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)  # q, k, v for all heads in one matmul
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd)
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # q, k, v of all heads at once
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.attn_dropout, self.resid_dropout = nn.Dropout(config.dropout), nn.Dropout(config.dropout)  # HF's names
 
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None, kv_cache: Optional[KVCache] = None):
         B, T, C = x.size()
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in self.c_attn(x).split(C, dim=2))
         if kv_cache is not None:  # q, k, v: (B, nh, T, hs)
             k, v = kv_cache.update(self.layer, k, v)  # (B, nh, past+T, hs)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)  # (B, nh, T, hs)
-        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))  # heads merged back
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+                                           dropout_p=self.attn_dropout.p if self.training else 0.0)  # (B, nh, T, hs)
+        return self.resid_dropout(self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C)))  # heads merged back
 
 class MLP(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd)
-        self.gelu = nn.GELU(approximate="tanh")  # GPT-2 used the tanh approximation
-        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd)
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.gelu, self.dropout = nn.GELU(approximate="tanh"), nn.Dropout(config.dropout)  # GPT-2's tanh GELU
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.c_proj(self.gelu(self.c_fc(x)))
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
 
 class Block(nn.Module):
     def __init__(self, config: GPTConfig, layer: int):
         super().__init__()
-        self.ln_1, self.attn = nn.LayerNorm(config.n_embd), CausalSelfAttention(config, layer)
-        self.ln_2, self.mlp = nn.LayerNorm(config.n_embd), MLP(config)
+        self.ln_1, self.attn = nn.LayerNorm(config.n_embd, bias=config.bias), CausalSelfAttention(config, layer)
+        self.ln_2, self.mlp = nn.LayerNorm(config.n_embd, bias=config.bias), MLP(config)
 
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None, kv_cache: Optional[KVCache] = None):
         x = x + self.attn(self.ln_1(x), mask, kv_cache)  # pre-norm: the residual stream itself is never normalised
@@ -253,32 +260,27 @@ class GPT(nn.Module):
         self.config = config
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(config.vocab_size, config.n_embd), wpe=nn.Embedding(config.block_size, config.n_embd),
-            h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]), ln_f=nn.LayerNorm(config.n_embd)))
+            drop=nn.Dropout(config.dropout), h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
+            ln_f=nn.LayerNorm(config.n_embd, bias=config.bias)))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # weight tying: one Parameter, two uses
-        self.apply(self._init_weights)
-        # Each block adds two projections to the residual stream; scale them so its variance stays O(1).
+        for module in self.modules():  # GPT-2's init: N(0, 0.02) weights, zero biases (LayerNorm keeps 1 and 0)
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
         for name, p in self.named_parameters():
-            if name.endswith("c_proj.weight"):
+            if name.endswith("c_proj.weight"):  # two per block add to the residual stream: keep its variance O(1)
                 nn.init.normal_(p, mean=0.0, std=0.02 * (2 * config.n_layer) ** -0.5)
 
-    @staticmethod
-    def _init_weights(module: nn.Module):
-        """GPT-2's init: N(0, 0.02) for Linear and Embedding weights, zero biases (LayerNorm keeps 1 and 0)."""
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
-        if isinstance(module, nn.Linear) and module.bias is not None:
-            nn.init.zeros_(module.bias)
-
     def features(self, idx: torch.Tensor, kv_cache: Optional[KVCache] = None, pos=None, attn_mask=None) -> torch.Tensor:
-        """idx (B, T) token ids -> final hidden states (B, T, C) after ln_f, which lm_head turns into logits.
-        With a kv_cache, idx continues the cached positions (a prefill, a decode step or a chunk). Packed rows
-        (several sequences in one, e.g. continuations of one prefix) give their own position ids pos (B, T)
-        and attn_mask (B, 1, T, T), True where a query may see a key, in place of the causal mask."""
+        """idx (B, T) token ids -> hidden states (B, T, C) after ln_f (lm_head's input). With a kv_cache, idx continues
+        the cached positions (prefill, decode step or chunk). Packed rows (several sequences in one, e.g. endings of
+        one prefix) bring position ids pos (B, T) and attn_mask (B, 1, T, T), True where a query may see a key."""
         past, T = self._check_inputs(idx, kv_cache, pos, attn_mask), idx.size(1)
         pos = torch.arange(past, past + T, dtype=torch.long, device=idx.device) if pos is None else pos  # (T,)
         mask = attention_mask(T, past, idx.device, attn_mask)  # one mask for every layer
-        x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C)
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B, T, C)
         for block in self.transformer.h:
             x = block(x, mask, kv_cache)
         if kv_cache is not None:
@@ -333,21 +335,19 @@ class GPT(nn.Module):
     def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: Optional[int] = None,
                  generator: Optional[torch.Generator] = None, use_cache: bool = True,
                  vocab_limit: Optional[int] = None) -> torch.Tensor:
-        """Extend idx (B, T) by max_new_tokens sampled tokens (greedy when temperature == 0), from the last
-        block_size tokens. The KV cache is exact: while the sequence fits, each step feeds one token; past
-        block_size every position shifts, so the window is re-run whole (as without a cache, every step).
-        vocab_limit masks padded ids (e.g. >= 50257) out."""
+        """Extend idx (B, T) by max_new_tokens sampled tokens (greedy when temperature == 0), from the last block_size
+        tokens; vocab_limit masks padded ids (e.g. >= 50257) out. The KV cache is exact: while the sequence fits, each
+        step feeds one token; past block_size every position shifts, so the window is re-run whole (as uncached)."""
         if not temperature >= 0 or (top_k is not None and top_k <= 0):
             raise ValueError(f"need temperature >= 0 and top_k positive, got {temperature} and {top_k}")
-        weight, block_size, cache = self.lm_head.weight, self.config.block_size, None
+        weight, block_size, cache, dev = self.lm_head.weight, self.config.block_size, None, self.lm_head.weight.device
         for _ in range(max_new_tokens):
             if use_cache and cache is not None and idx.size(1) <= block_size:
                 h = self.features(idx[:, -1:], cache)  # decode: only the newest token is new
             elif use_cache and idx.size(1) < block_size:
                 # k and v are made in autocast's dtype when it is on; the cache is sized to what the call fills
-                on = torch.is_autocast_enabled(weight.device.type)
-                dtype = torch.get_autocast_dtype(weight.device.type) if on else weight.dtype
-                cache = KVCache(self.config, idx.size(0), weight.device, dtype, min(block_size, idx.size(1) + max_new_tokens))
+                dtype = torch.get_autocast_dtype(dev.type) if torch.is_autocast_enabled(dev.type) else weight.dtype
+                cache = KVCache(self.config, idx.size(0), dev, dtype, min(block_size, idx.size(1) + max_new_tokens))
                 h = self.features(idx, cache)  # prefill the prompt once
             else:
                 h = self.features(idx[:, -block_size:])  # no cache, or a sliding window whose positions all move
@@ -366,9 +366,9 @@ class GPT(nn.Module):
         return idx
 
     @classmethod
-    def from_pretrained(cls, name_or_path: str) -> "GPT":
-        """OpenAI GPT-2 weights: a hub name ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl', downloaded by
-        transformers) or a local directory written by GPT2LMHeadModel.save_pretrained."""
+    def from_pretrained(cls, name_or_path: str, dropout: float = 0.0) -> "GPT":
+        """OpenAI GPT-2 weights from a hub name (gpt2, gpt2-medium, -large, -xl; via transformers) or a directory of
+        GPT2LMHeadModel.save_pretrained. Dropout is ours to choose; the rest (biases included) is GPT-2's."""
         if name_or_path not in HF_HUB_MODELS and not Path(name_or_path).is_dir():
             raise ValueError(f"{name_or_path!r} is neither a GPT-2 hub name {list(HF_HUB_MODELS)} nor a directory")
         from transformers import GPT2LMHeadModel  # heavy; only when asked for
@@ -386,7 +386,7 @@ class GPT(nn.Module):
         differ = {k: getattr(c, k, v) for k, v in fixed.items() if getattr(c, k, v) != v}
         if differ:
             raise ValueError(f"{name_or_path}: config {differ} is not supported; GPT-2 has {fixed}")
-        model = cls(GPTConfig(c.n_positions, c.vocab_size, c.n_layer, c.n_head, c.n_embd))
+        model = cls(GPTConfig(c.n_positions, c.vocab_size, c.n_layer, c.n_head, c.n_embd, dropout))
         model.load_state_dict(convert_hf_state_dict(hf.state_dict(), model.state_dict()))
         return model
 
@@ -757,17 +757,21 @@ class Run:
     resumed_from: Optional[str] = None
 
 def build_model(cfg: TrainConfig, enc, known_tokenizer: bool) -> GPT:
-    """From scratch with cfg's shape, or the weights named by --init_from (cropped to block_size if shorter). The
-    vocabulary: --vocab_size, or the data's (GPT-2's 50,257 padded to 50,304, a multiple of 128, for speed)."""
+    """From scratch with cfg's shape, or --init_from's weights (cropped to block_size if shorter); cfg's dropout. The
+    vocabulary: --vocab_size, or the data's tokenizer's (GPT-2's 50,257 padded to 50,304, a multiple of 128, for speed)."""
     if cfg.init_from == "scratch":
         vocab = cfg.vocab_size or (50304 if enc.name == "gpt2" else enc.n_vocab)
         if known_tokenizer and vocab < enc.n_vocab:
             raise ValueError(f"--vocab_size {vocab} is smaller than the data's {enc.name} tokenizer ({enc.n_vocab} ids)")
-        return GPT(GPTConfig(cfg.block_size, vocab, cfg.n_layer, cfg.n_head, cfg.n_embd))
+        return GPT(GPTConfig(cfg.block_size, vocab, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.dropout, cfg.bias))
     model, model_enc = load_model(cfg.init_from)
     if known_tokenizer and (model_enc.name, model_enc.n_vocab) != (enc.name, enc.n_vocab):
         raise ValueError(f"--init_from {cfg.init_from} was trained on the {model_enc.name} tokenizer; the data in "
                          f"{cfg.data_root} is {enc.name} ({enc.n_vocab} ids)")
+    if model.config.bias and not cfg.bias:
+        raise ValueError(f"--bias false: {cfg.init_from} has biases (GPT-2's weights always do)")
+    model.config = dataclasses.replace(model.config, dropout=cfg.dropout)  # the run's choice, not the weights'
+    model.apply(lambda m: setattr(m, "p", cfg.dropout) if isinstance(m, nn.Dropout) else None)
     if cfg.block_size < model.config.block_size:
         model.crop_block_size(cfg.block_size)
     if cfg.seq_len > model.config.block_size:

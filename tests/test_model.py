@@ -16,10 +16,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import train_gpt2
-from train_gpt2 import GPT, GPTConfig, KVCache, convert_hf_state_dict, get_tokenizer, load_checkpoint, load_model
+from train_gpt2 import (GPT, GPTConfig, KVCache, TrainConfig, build_model, convert_hf_state_dict, get_tokenizer,
+                        load_checkpoint, load_model)
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = dict(block_size=32, vocab_size=67, n_layer=2, n_head=4, n_embd=32)
+GPT2 = get_tokenizer()  # the tokenizer build_model is told the data uses
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -278,6 +280,100 @@ def test_tied_gradient_is_sum_of_both_uses():
     assert g_embed.abs().max() > 0 and g_head.abs().max() > 0
     torch.testing.assert_close(tied.transformer.wte.weight.grad, g_embed + g_head, atol=1e-12, rtol=0)
     assert not torch.allclose(tied.transformer.wte.weight.grad, g_head)  # the embedding path really counts
+
+
+# ----------------------------------------------------------------------------------------------------------
+# nanoGPT's dropout and bias
+
+
+def nanogpt_param_count(V: int, C: int, L: int, bias: bool) -> int:
+    """nanoGPT's get_num_params() (position table excluded, tied table once), from its layer shapes: per block
+    c_attn C x 3C, attn c_proj C x C, c_fc C x 4C, mlp c_proj 4C x C (+ 3C, C, 4C, C biases) and two LayerNorms
+    (C gains + C biases each); ln_f; the token table V x C."""
+    matrices = C * 3 * C + C * C + C * 4 * C + 4 * C * C
+    linear_biases, norm = (3 * C + C + 4 * C + C, 2 * C) if bias else (0, C)
+    return V * C + L * (matrices + linear_biases + 2 * norm) + norm
+
+
+@pytest.mark.parametrize("bias, expected", [(True, 10_672_512), (False, 10_646_784)])  # nanoGPT: 10.67M, 10.65M
+def test_experiment_d_builds_with_nanogpts_parameter_count(bias, expected):
+    config = GPTConfig(block_size=256, vocab_size=65, n_layer=6, n_head=6, n_embd=384, dropout=0.2, bias=bias)
+    with torch.device("meta"):
+        model = GPT(config)
+    assert model.num_params(exclude_embeddings=True) == nanogpt_param_count(65, 384, 6, bias) == expected
+    assert model.num_params() == expected + 256 * 384
+    names = [n for n, _ in model.named_parameters()]
+    assert any(n.endswith("bias") for n in names) == bias
+    assert sum(isinstance(m, nn.Dropout) and m.p == 0.2 for m in model.modules()) == 1 + 3 * 6
+
+
+def test_no_bias_model_trains_and_has_no_biases():
+    model = tiny_model(bias=False).train()
+    assert all(m.bias is None for m in model.modules() if isinstance(m, (nn.Linear, nn.LayerNorm)))
+    loss = model(rand_idx(2, 8), rand_idx(2, 8, seed=1))[1]
+    loss.backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+
+@pytest.mark.parametrize("dropout", [-0.1, 1.0, 1.5])
+def test_dropout_must_be_a_probability_below_one(dropout):
+    with pytest.raises(ValueError, match="dropout"):
+        GPTConfig(**TINY, dropout=dropout)
+
+
+def test_dropout_is_active_in_training_and_off_in_eval():
+    model = randomize_(tiny_model(dropout=0.3), scale=0.2)
+    plain = tiny_model()
+    plain.load_state_dict(model.state_dict())  # the same weights, no dropout
+    idx = rand_idx(2, 16)
+    with torch.no_grad():
+        model.train()
+        assert not torch.equal(model(idx)[0], model(idx)[0])
+        for name, m in model.named_modules():  # attention weights alone: dropped by the kernel, via dropout_p
+            if isinstance(m, nn.Dropout) and not name.endswith("attn_dropout"):
+                m.p = 0.0
+        assert not torch.equal(model(idx)[0], model(idx)[0])
+        model.eval()
+        assert torch.equal(model(idx)[0], model(idx)[0])
+        assert torch.equal(model(idx)[0], plain(idx)[0])
+
+
+def test_from_pretrained_and_build_model_override_dropout_only(hf_tiny, tmp_path):
+    hf, path = hf_tiny
+    ours = GPT.from_pretrained(str(path), dropout=0.1)
+    assert ours.config == GPTConfig(**TINY, dropout=0.1)
+    idx = rand_idx(2, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(ours.eval()(idx)[0], hf(idx).logits, atol=1e-4, rtol=0)  # parity unchanged
+        assert not torch.equal(ours.train()(idx)[0], ours(idx)[0])
+    with pytest.raises(TypeError, match="bias"):  # GPT-2's weights have biases: no such option
+        GPT.from_pretrained(str(path), bias=False)
+    cfg = dict(block_size=32, seq_len=32, init_from=str(path))
+    with pytest.raises(ValueError, match="--bias false: .* has biases"):
+        build_model(TrainConfig(**cfg, bias=False), GPT2, True)
+    model = build_model(TrainConfig(**cfg, dropout=0.2), GPT2, True)
+    assert model.config.dropout == 0.2 and {m.p for m in model.modules() if isinstance(m, nn.Dropout)} == {0.2}
+    args = train_gpt2.parse_train_args(["--dropout", "0.1", "--bias", "false"])
+    assert (args.dropout, args.bias) == (0.1, False)
+    no_bias = build_model(dataclasses.replace(args, **TINY, seq_len=32), GPT2, False)
+    assert no_bias.config.bias is False and not any(n.endswith("bias") for n, _ in no_bias.named_parameters())
+
+
+def test_checkpoints_keep_dropout_and_bias_and_old_ones_still_load(tmp_path):
+    model = randomize_(tiny_model(dtype=torch.float32, dropout=0.1, bias=False), scale=0.2)
+    path = tmp_path / "new.pt"
+    torch.save({"model": model.state_dict(), "model_config": dataclasses.asdict(model.config)}, path)
+    assert load_model(str(path))[0].config == model.config
+    built = build_model(TrainConfig(init_from=str(path), block_size=32, seq_len=32, dropout=0.0), GPT2, False)
+    assert built.config == dataclasses.replace(model.config, dropout=0.0)  # bias as saved, this run's dropout
+    old = tiny_model(dtype=torch.float32)  # a checkpoint written before GPTConfig had dropout and bias
+    old_config = {k: v for k, v in dataclasses.asdict(old.config).items() if k not in ("dropout", "bias")}
+    torch.save({"model": old.state_dict(), "model_config": old_config}, tmp_path / "old.pt")
+    loaded, _ = load_model(str(tmp_path / "old.pt"))
+    assert loaded.config == GPTConfig(**TINY) and (loaded.config.dropout, loaded.config.bias) == (0.0, True)
+    idx = rand_idx(2, 32)
+    with torch.no_grad():
+        assert torch.equal(loaded(idx)[0], old(idx)[0])
 
 
 # ----------------------------------------------------------------------------------------------------------
