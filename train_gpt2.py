@@ -250,6 +250,32 @@ class Block(nn.Module):
         x = x + self.attn(self.ln_1(x), mask, kv_cache)  # pre-norm: the residual stream itself is never normalised
         return x + self.mlp(self.ln_2(x))
 
+class ChunkedCrossEntropy(torch.autograd.Function):
+    """Mean cross-entropy of the logits h @ weight.T over targets != -100, `chunk` rows of fp32 logits at a time, so
+    no (N, V) tensor exists; with `grad`, forward also makes the gradients and backward only scales them. Exact."""
+
+    @staticmethod
+    def forward(ctx, h, weight, targets, grad: bool, chunk: int = 1024):  # h (N, C), weight (V, C), targets (N,)
+        loss, n = 0.0, (targets != -100).sum()
+        grad_h, grad_w = (torch.empty_like(h), torch.zeros_like(weight)) if grad else (None, None)
+        for i in range(0, h.size(0), chunk):
+            hc, tc = h[i : i + chunk], targets[i : i + chunk, None]  # (c, C), (c, 1)
+            logits = F.linear(hc, weight)  # (c, V), bf16 under autocast: 1024 x 50304 fp32 logits are 206 MB
+            logp = F.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=1)
+            valid, tc = tc != -100, tc.clamp(min=0)  # ignored rows point at id 0, with weight 0
+            loss = loss - torch.where(valid, logp.gather(1, tc), 0).sum()
+            if grad:  # now, from this softmax: recomputing it in backward would cost a third more lm_head FLOPs
+                dlogits = logp.exp_().scatter_add_(1, tc, -valid.to(logp.dtype)).to(logits.dtype)  # softmax - one_hot
+                grad_h[i : i + chunk] = (dlogits @ weight) * valid
+                grad_w += dlogits.t() @ (hc * valid)
+        ctx.save_for_backward(grad_h, grad_w, n)
+        return loss / n
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        grad_h, grad_w, n = ctx.saved_tensors
+        return grad_h * (grad_loss / n), grad_w * (grad_loss / n), None, None, None
+
 # The four weights that Hugging Face stores as Conv1D, i.e. (in, out): transposed relative to nn.Linear.
 HF_TRANSPOSED = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 HF_HUB_MODELS = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # OpenAI's 124M, 350M, 774M, 1558M
@@ -303,13 +329,12 @@ class GPT(nn.Module):
         return past
 
     def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None, kv_cache: Optional[KVCache] = None):
-        """idx (B, T) token ids -> (logits (B, T, vocab), mean cross-entropy over targets != -100, or None)."""
-        logits = self.lm_head(self.features(idx, kv_cache))  # (B, T, vocab)
+        """idx (B, T) token ids -> (logits (B, T, vocab), None), or with targets (None, mean loss of targets != -100)."""
+        h = self.features(idx, kv_cache)  # (B, T, C)
         if targets is None:
-            return logits, None
-        # fp32 softmax (bf16 logits go up, fp64 ones stay); targets of -100 (padding) are left out of the mean
-        logits_hi = logits.to(torch.promote_types(logits.dtype, torch.float32))
-        return logits, F.cross_entropy(logits_hi.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-100)
+            return self.lm_head(h), None
+        return None, ChunkedCrossEntropy.apply(h.flatten(0, 1), self.lm_head.weight, targets.flatten(),
+                                               torch.is_grad_enabled())
 
     def num_params(self, exclude_embeddings: bool = False) -> int:
         """Unique parameters (the tied token table counted once). exclude_embeddings drops the position table

@@ -187,7 +187,8 @@ def test_packed_row_equals_each_sequence_alone():
 def test_features_then_lm_head_is_forward():
     model, idx = small_model(), prompt(2, 10)
     targets = prompt(2, 10, seed=5)
-    logits, loss = model(idx, targets)
+    logits, loss = model(idx)[0], model(idx, targets)[1]
+    assert model(idx, targets)[0] is None  # with targets, forward makes the loss without keeping the logits
     hidden = model.features(idx)
     assert hidden.shape == (2, 10, SMALL["n_embd"])
     assert torch.equal(model.lm_head(hidden), logits)

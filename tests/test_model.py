@@ -15,9 +15,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from torch.utils._python_dispatch import TorchDispatchMode
+
 import train_gpt2
-from train_gpt2 import (GPT, GPTConfig, KVCache, TrainConfig, build_model, convert_hf_state_dict, get_tokenizer,
-                        load_checkpoint, load_model)
+from train_gpt2 import (GPT, ChunkedCrossEntropy, GPTConfig, KVCache, TrainConfig, build_model, convert_hf_state_dict,
+                        get_tokenizer, load_checkpoint, load_model)
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = dict(block_size=32, vocab_size=67, n_layer=2, n_head=4, n_embd=32)
@@ -470,7 +472,7 @@ def test_zero_logits_give_log_vocab_for_any_padding():
     for n_ignored in range(16):
         t = targets.clone().view(-1)
         t[flat_order[:n_ignored]] = -100
-        logits, loss = model(idx, t.view(2, 8))
+        logits, loss = model(idx)[0], model(idx, t.view(2, 8))[1]
         assert torch.count_nonzero(logits) == 0
         assert loss.item() == pytest.approx(math.log(67), abs=1e-6)
 
@@ -509,10 +511,113 @@ def test_loss_keeps_model_precision():
     """The loss is taken in at least fp32 (bf16 logits are upcast); a float64 model is not rounded down."""
     model = randomize_(tiny_model(), scale=0.2)
     idx, targets = rand_idx(2, 16), rand_idx(2, 16, seed=1)
-    logits, loss = model(idx, targets)
+    logits, loss = model(idx)[0], model(idx, targets)[1]
     assert loss.dtype == torch.float64
     expected = F.cross_entropy(logits.view(-1, 67), targets.view(-1))
     assert abs(loss.item() - expected.item()) < 1e-12
+
+
+def plain_loss(h, weight, targets):
+    """The loss as it is usually written: full logits, upcast to fp32 (fp64 stays), one cross_entropy."""
+    logits = F.linear(h, weight)
+    return F.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)), targets, ignore_index=-100)
+
+
+def loss_and_grads(loss_fn, h, weight, targets):
+    h, weight = h.detach().clone().requires_grad_(), weight.detach().clone().requires_grad_()
+    loss = loss_fn(h, weight, targets)
+    return (loss, *torch.autograd.grad(3.0 * loss, (h, weight)))  # 3: the incoming gradient is used, not assumed 1
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-12), (torch.float32, 2e-6)])
+@pytest.mark.parametrize("chunk", [5, 16, 37, 1024])  # ragged last chunk, even split, one exact chunk, N < chunk
+def test_chunked_loss_equals_full_logits_loss(dtype, tol, chunk):
+    g = torch.Generator().manual_seed(0)
+    h, weight = torch.randn(37, 16, generator=g, dtype=dtype), torch.randn(53, 16, generator=g, dtype=dtype)
+    targets = torch.randint(0, 53, (37,), generator=g)
+    targets[[0, 5, 6, 36]] = -100  # ignored rows at a chunk's start and end
+    got = loss_and_grads(lambda h, w, t: ChunkedCrossEntropy.apply(h, w, t, True, chunk), h, weight, targets)
+    want = loss_and_grads(plain_loss, h, weight, targets)
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+    assert got[1][[0, 5, 6, 36]].abs().max() == 0  # an ignored row gets no gradient
+    with torch.no_grad():  # evaluation: the same loss, no gradients made
+        no_grad_loss = ChunkedCrossEntropy.apply(h, weight, targets, False, chunk)
+        assert no_grad_loss.item() == pytest.approx(want[0].item(), abs=tol)
+
+
+def test_chunked_loss_under_bf16_autocast():
+    """bf16 matmuls, fp32 softmax, as the plain path under autocast; only rounding differs."""
+    g = torch.Generator().manual_seed(1)
+    h, weight = torch.randn(300, 32, generator=g), 0.3 * torch.randn(97, 32, generator=g)
+    targets = torch.randint(0, 97, (300,), generator=g)
+    targets[::7] = -100
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = loss_and_grads(lambda h, w, t: ChunkedCrossEntropy.apply(h, w, t, True, 64), h, weight, targets)
+        want = loss_and_grads(plain_loss, h, weight, targets)
+    assert got[0].dtype == torch.float32 and got[1].dtype == got[2].dtype == torch.float32
+    torch.testing.assert_close(got[0], want[0], rtol=1e-3, atol=1e-3)
+    for a, b in zip(got[1:], want[1:]):
+        assert (a - b).abs().max() < 0.02 * b.abs().max()
+
+
+def test_model_loss_and_every_gradient_equal_the_full_logits_path():
+    """Through the whole model (1280 rows: a full chunk and a ragged one), gradients reach every parameter, and
+    the tied table gets its lm_head share summed with its embedding share."""
+    model = randomize_(tiny_model(), scale=0.2).train()
+    idx, targets = rand_idx(40, 32, seed=1), rand_idx(40, 32, seed=2)
+    targets[3, 5:] = -100
+    loss = model(idx, targets)[1]
+    got = torch.autograd.grad(loss, list(model.parameters()))
+    want_loss = plain_loss(model.features(idx).flatten(0, 1), model.lm_head.weight, targets.flatten())
+    want = torch.autograd.grad(want_loss, list(model.parameters()))
+    torch.testing.assert_close(loss, want_loss, rtol=0, atol=1e-12)
+    for (name, _), a, b in zip(model.named_parameters(), got, want):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12, msg=name)
+
+
+class LargestTensor(TorchDispatchMode):
+    """Records the largest tensor any op makes, forward and backward."""
+
+    def __init__(self):
+        super().__init__()
+        self.numel = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        sizes = [t.numel() for t in (out if isinstance(out, (tuple, list)) else [out]) if isinstance(t, torch.Tensor)]
+        self.numel = max([self.numel, *sizes])
+        return out
+
+
+def test_loss_never_holds_full_logits():
+    """No op makes, and autograd keeps, anything the size of the (rows, vocab) logits: at most a chunk of them."""
+    N, C, V, chunk = 600, 8, 397, 64
+    g = torch.Generator().manual_seed(0)
+    h, weight = torch.randn(N, C, generator=g, requires_grad=True), torch.randn(V, C, generator=g, requires_grad=True)
+    targets = torch.randint(0, V, (N,), generator=g)
+    for fn, bounded in ((lambda: ChunkedCrossEntropy.apply(h, weight, targets, True, chunk), True),
+                        (lambda: plain_loss(h, weight, targets), False)):  # the check itself catches full logits
+        saved = []
+        with LargestTensor() as largest, torch.autograd.graph.saved_tensors_hooks(
+                lambda t: saved.append(t.numel()) or t, lambda t: t):
+            fn().backward()
+        assert (largest.numel <= chunk * V and max(saved) <= max(N * C, V * C)) == bounded
+
+
+@pytest.mark.slow
+def test_chunked_loss_under_torch_compile():
+    """dynamo traces the autograd.Function (no graph break); compiled loss and gradients equal eager ones."""
+    torch._dynamo.reset()
+    model = randomize_(tiny_model(dtype=torch.float32), scale=0.2)
+    idx, targets = rand_idx(40, 32, seed=1), rand_idx(40, 32, seed=2)
+    targets[0, :7] = -100
+    assert torch._dynamo.explain(model)(idx, targets).graph_break_count == 0
+    want = torch.autograd.grad(model(idx, targets)[1], list(model.parameters()))
+    loss = torch.compile(model)(idx, targets)[1]
+    for a, b in zip(torch.autograd.grad(loss, list(model.parameters())), want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
 # ----------------------------------------------------------------------------------------------------------
