@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import ctypes
 import dataclasses
 import fcntl
 import functools
@@ -55,13 +56,11 @@ class GPTConfig:
 
     def __post_init__(self):
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"GPTConfig.{name} must be a positive integer, got {value!r}")
-        if self.n_embd % self.n_head:
-            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
-        if not 0 <= self.dropout < 1:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+            if type(getattr(self, name)) is not int or getattr(self, name) <= 0:
+                raise ValueError(f"GPTConfig.{name} must be a positive integer, got {getattr(self, name)!r}")
+        if self.n_embd % self.n_head or not 0 <= self.dropout < 1:
+            raise ValueError(f"need n_embd ({self.n_embd}) divisible by n_head ({self.n_head}) and dropout in [0, 1), "
+                             f"got {self.dropout}")
 
 def opt(default, help: str, choices: tuple = ()):
     """A TrainConfig field: its default, the --help text of its command-line flag, the values allowed (if listed)."""
@@ -90,9 +89,11 @@ class TrainConfig:
     max_steps: int = opt(19073, "optimizer steps to run (19,073 x 524,288 tokens = 10B)")
     lr_decay_steps: Optional[int] = opt(None, "step where the cosine reaches min_lr (default: max_steps)")
     warmup_steps: int = opt(715, "linear warmup steps")
-    max_lr: float = opt(6e-4, "peak learning rate")
+    max_lr: float = opt(6e-4, "peak learning rate (AdamW's)")
     min_lr_ratio: float = opt(0.1, "final learning rate as a fraction of max_lr")
     weight_decay: float = opt(0.1, "AdamW decay on matrices and embeddings (not biases or norms)")
+    optimizer: str = opt("adamw", "muon: Muon for the blocks' matrices, AdamW for the rest", ("adamw", "muon"))
+    muon_lr: float = opt(0.02, "Muon's peak learning rate (--optimizer muon; the schedule is --max_lr's, scaled)")
     grad_clip: float = opt(1.0, "clip the global gradient norm to this (0: no clipping)")
     skip_nonfinite: bool = opt(False, "skip an update with a non-finite loss or grad norm instead of stopping")
     skip_spikes: float = opt(0.0, "skip an update whose loss or grad norm is Z running std devs above the mean (0: off)")
@@ -154,9 +155,8 @@ def finite_float(text: str) -> float:
 
 def flag_type(name: str, annotation: str):
     """The argparse type of a TrainConfig field from its annotation: X, Optional[X] or X | None, X a plain type."""
-    match = re.fullmatch(r"Optional\[(\w+)\]|(\w+) \| None|None \| (\w+)|(\w+)", annotation)
+    kind = re.sub(r"^Optional\[(\w+)\]$|^(\w+) \| None$", lambda m: m[1] or m[2], annotation)
     types = {"bool": str2bool, "int": int, "float": finite_float, "str": str}
-    kind = next((g for g in match.groups() if g), None) if match else None
     if kind not in types:  # a silent string flag would accept anything and fail far from the command line
         raise TypeError(f"TrainConfig.{name}: annotation {annotation!r} has no flag type; use bool, int, float or str")
     return types[kind]
@@ -260,14 +260,17 @@ class ChunkedCrossEntropy(torch.autograd.Function):
         grad_h, grad_w = (torch.empty_like(h), torch.zeros_like(weight)) if grad else (None, None)
         for i in range(0, h.size(0), chunk):
             hc, tc = h[i : i + chunk], targets[i : i + chunk, None]  # (c, C), (c, 1)
-            logits = F.linear(hc, weight)  # (c, V), bf16 under autocast: 1024 x 50304 fp32 logits are 206 MB
-            logp = F.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=1)
             valid, tc = tc != -100, tc.clamp(min=0)  # ignored rows point at id 0, with weight 0
-            loss = loss - torch.where(valid, logp.gather(1, tc), 0).sum()
+            z = F.linear(hc, weight)  # (c, V) logits, bf16 under autocast: softmax in fp32 (1,024 x 50,304: 206 MB)
+            z = z.to(torch.promote_types(z.dtype, torch.float32))
+            z -= z.amax(dim=1, keepdim=True)  # each row's largest logit is now 0: exp cannot overflow
+            target_z, p = z.gather(1, tc), z.exp_()  # one exp over the chunk, in place
+            total = p.sum(dim=1, keepdim=True)
+            loss = loss + torch.where(valid, total.log() - target_z, 0).sum()  # -log softmax of each target
             if grad:  # now, from this softmax: recomputing it in backward would cost a third more lm_head FLOPs
-                dlogits = logp.exp_().scatter_add_(1, tc, -valid.to(logp.dtype)).to(logits.dtype)  # softmax - one_hot
-                grad_h[i : i + chunk] = (dlogits @ weight) * valid
-                grad_w += dlogits.t() @ (hc * valid)
+                p = p.div_(total).scatter_add_(1, tc, -valid.to(p.dtype))  # d loss / d logits: softmax - one_hot
+                grad_h[i : i + chunk] = (p @ weight) * valid
+                grad_w += p.t() @ (hc * valid)
         ctx.save_for_backward(grad_h, grad_w, n)
         return loss / n
 
@@ -349,12 +352,19 @@ class GPT(nn.Module):
         self.config = dataclasses.replace(self.config, block_size=block_size)
         self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size].detach().clone())
 
-    def configure_optimizers(self, weight_decay: float, learning_rate: float, device_type: str):
-        """AdamW with decay on matrices/embeddings (dim >= 2) only; biases and LayerNorm gains are not decayed."""
-        params = [p for p in self.parameters() if p.requires_grad]  # unique: the tied table appears once
-        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-        return torch.optim.AdamW(groups, lr=learning_rate, betas=(0.9, 0.95), eps=1e-8, fused=device_type == "cuda")
+    def configure_optimizers(self, weight_decay: float, learning_rate: float, device_type: str, muon_lr: float = 0.0):
+        """[AdamW] with decay on matrices and embeddings (dim >= 2), none on biases and LayerNorm gains; with muon_lr,
+        [AdamW, Muon], Muon taking the blocks' matrices (at muon_lr / learning_rate times the shared schedule)."""
+        params = [(n, p) for n, p in self.named_parameters() if p.requires_grad]  # unique: the tied table once
+        muon = [p for n, p in params if muon_lr and p.dim() == 2 and n.startswith("transformer.h.")]
+        rest = [p for _, p in params if all(p is not q for q in muon)]
+        groups = [{"params": [p for p in rest if p.dim() >= 2], "weight_decay": weight_decay},
+                  {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}]
+        opts = [torch.optim.AdamW(groups, lr=learning_rate, betas=(0.9, 0.95), eps=1e-8, fused=device_type == "cuda")]
+        if muon:  # decoupled decay scaled so that a step shrinks weights as much as AdamW's does
+            opts.append(torch.optim.Muon([{"params": muon, "lr_scale": muon_lr / learning_rate}], lr=muon_lr,
+                                         weight_decay=weight_decay * learning_rate / muon_lr))
+        return opts
 
     @torch.no_grad()
     def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: Optional[int] = None,
@@ -402,15 +412,12 @@ class GPT(nn.Module):
             hf = GPT2LMHeadModel.from_pretrained(name_or_path)
         except (OSError, ValueError) as e:  # no weights there, or the hub unreachable
             raise ValueError(f"cannot load a GPT-2 model from {name_or_path!r} ({str(e).strip().splitlines()[0]})") from None
-        c = hf.config
-        if c.activation_function not in ("gelu_new", "gelu_pytorch_tanh"):
-            raise ValueError(f"{name_or_path}: activation {c.activation_function!r} is not GPT-2's tanh GELU")
         # Settings our architecture hard-codes: anything else would load without error and compute another model.
-        fixed = {"tie_word_embeddings": True, "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
-                 "layer_norm_epsilon": 1e-5}
-        differ = {k: getattr(c, k, v) for k, v in fixed.items() if getattr(c, k, v) != v}
-        if differ:
+        fixed = {"activation_function": ("gelu_new", "gelu_pytorch_tanh"), "tie_word_embeddings": (True,),
+                 "scale_attn_weights": (True,), "scale_attn_by_inverse_layer_idx": (False,), "layer_norm_epsilon": (1e-5,)}
+        if differ := {k: getattr(hf.config, k) for k, ok in fixed.items() if getattr(hf.config, k, ok[0]) not in ok}:
             raise ValueError(f"{name_or_path}: config {differ} is not supported; GPT-2 has {fixed}")
+        c = hf.config
         model = cls(GPTConfig(c.n_positions, c.vocab_size, c.n_layer, c.n_head, c.n_embd, dropout))
         model.load_state_dict(convert_hf_state_dict(hf.state_dict(), model.state_dict()))
         return model
@@ -461,14 +468,12 @@ class CharTokenizer:
             raise ValueError("a CharTokenizer's vocabulary must be a non-empty string of sorted, unique characters")
         self.chars, self.n_vocab, self._ids = chars, len(chars), {c: i for i, c in enumerate(chars)}
 
-    def encode_ordinary(self, text: str) -> list[int]:
-        try:
-            return [self._ids[c] for c in text]
-        except KeyError as e:
-            raise ValueError(f"character {e.args[0]!r} is not in the vocabulary of {self.n_vocab} characters") from None
+    def encode(self, text: str, **special) -> list[int]:  # there are no special tokens to allow
+        if unknown := set(text) - self._ids.keys():
+            raise ValueError(f"character {min(unknown)!r} is not in the vocabulary of {self.n_vocab} characters")
+        return [self._ids[c] for c in text]
 
-    def encode(self, text: str, **kwargs) -> list[int]:
-        return self.encode_ordinary(text)  # GPT-2's special tokens (allowed_special=...) do not exist here
+    encode_ordinary = encode
 
     def decode(self, ids) -> str:
         if bad := [int(i) for i in ids if not 0 <= int(i) < self.n_vocab]:
@@ -476,12 +481,13 @@ class CharTokenizer:
         return "".join(self.chars[int(i)] for i in ids)
 
 def tokenizer_from_manifest(info: dict):
-    """The tokenizer a fineweb.py manifest.json names: GPT-2's (also when it names none) or a CharTokenizer."""
+    """The tokenizer a fineweb.py manifest.json (or a checkpoint) names: GPT-2's, also when it names none, or a
+    CharTokenizer."""
     if (kind := info.get("tokenizer", "gpt2")) == "gpt2":
         return get_tokenizer()
-    if kind == "char" and isinstance(info.get("vocab"), str):
-        return CharTokenizer(info["vocab"])
-    raise ValueError(f"manifest tokenizer {kind!r}: expected 'gpt2', or 'char' with its 'vocab' string")
+    if kind != "char" or not isinstance(info.get("vocab"), str):
+        raise ValueError(f"manifest tokenizer {kind!r}: expected 'gpt2', or 'char' with its 'vocab' string")
+    return CharTokenizer(info["vocab"])
 
 # The shard names fineweb.py writes and this file reads; one definition for both. Shard 000000 is val.
 SHARD_NAME = re.compile(r"(?P<prefix>[^.].*)_(?P<split>val|train)_(?P<index>\d{6})\.npy")  # [^.]: not a temp file
@@ -490,9 +496,9 @@ def shard_name(prefix: str, index: int) -> str:
     return f"{prefix}_{'val' if index == 0 else 'train'}_{index:06d}.npy"
 
 def find_shards(data_root: str | os.PathLike) -> tuple[dict[str, list[Path]], Optional[dict], Optional[str]]:
-    """({"val": [...], "train": [...]}, manifest or None, a note for the log) of data_root. fineweb.py writes
-    manifest.json last: with it, exactly the shards it lists (their sizes checked when opened); without it,
-    shards of one prefix made by another tool (build-nanogpt's edufineweb_*.npy), never a half-written corpus."""
+    """({"train": [...], "val": [...]}, manifest or None, a note for the log). fineweb.py writes manifest.json last:
+    with one, exactly the shards it lists (sizes checked when opened); without one, shards of a single prefix that
+    another tool wrote (build-nanogpt's edufineweb_*.npy), never a corpus fineweb.py did not finish."""
     try:
         root = check_path(data_root, "data directory", is_dir=True)
     except FileNotFoundError as e:
@@ -501,25 +507,22 @@ def find_shards(data_root: str | os.PathLike) -> tuple[dict[str, list[Path]], Op
     if (root / "manifest.json").exists():
         try:
             manifest = json.loads((root / "manifest.json").read_text())
-            splits = {s: [root / x["file"] for x in manifest["shards"] if x["split"] == s] for s in ("val", "train")}
-            sizes = {root / x["file"]: x["tokens"] for x in manifest["shards"]}
+            manifest["sizes"] = {root / x["file"]: x["tokens"] for x in manifest["shards"]}
+            return {s: [root / x["file"] for x in manifest["shards"] if x["split"] == s] for s in ("train", "val")}, \
+                manifest, None
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise ValueError(f"{root}/manifest.json is not fineweb.py's manifest ({e}); re-run fineweb.py") from None
-        return splits, {**manifest, "sizes": sizes}, None
-    found = [(m, p) for p in root.iterdir() if (m := SHARD_NAME.fullmatch(p.name))]
-    partial = sorted(p.name for p in root.iterdir() if p.name.startswith(".") and ".tmp" in p.name
-                     or p.name == ".fineweb_incomplete")
-    if partial:
+    if partial := sorted(p.name for p in root.iterdir() if p.name == ".fineweb_incomplete" or p.name[0] == "."
+                         and ".tmp" in p.name):  # fineweb.py's marker, or its temp files: it was killed mid-run
         raise ValueError(f"{root} has no manifest.json and holds an unfinished fineweb.py output ({partial[0]}); "
                          f"finish it with `python fineweb.py ... --out_dir {root} --overwrite`")
-    if len(prefixes := sorted({m["prefix"] for m, _ in found})) > 1:
+    found = sorted((int(m["index"]), m["split"], m["prefix"], p) for p in root.iterdir() if (m := SHARD_NAME.fullmatch(p.name)))
+    if len(prefixes := sorted({prefix for _, _, prefix, _ in found})) > 1:
         raise ValueError(f"{root} holds shards of {len(prefixes)} corpora (prefixes {', '.join(prefixes)}); "
                          "keep one corpus per directory")
-    splits = {s: [p for _, p in sorted((int(m["index"]), p) for m, p in found if m["split"] == s)]
-              for s in ("train", "val")}
-    for split, paths in splits.items():
-        if not paths:
-            raise FileNotFoundError(f"no '{split}' shards (*_{split}_*.npy) in {root}; run fineweb.py to make them")
+    splits = {s: [p for _, split, _, p in found if split == s] for s in ("train", "val")}
+    if missing := next((s for s in splits if not splits[s]), None):
+        raise FileNotFoundError(f"no '{missing}' shards (*_{missing}_*.npy) in {root}; run fineweb.py to make them")
     return splits, None, (f"no manifest.json in {root}: using the {len(found)} shards found there ({prefixes[0]}_*: "
                           f"{len(splits['val'])} val, {len(splits['train'])} train), as another tool wrote them")
 
@@ -555,11 +558,10 @@ def read_window(shards: list[np.ndarray], names: list[str], k: int, start: int, 
 class DataLoaderLite:
     """(B, T) training batches, each a window of B*T+1 tokens inside one shard (its last token only a target).
 
-    An epoch is every window of every shard once: in shard and position order, or with shuffle=True in an
-    order permuted by (seed, epoch), shards first and then the windows within each. Rank r of a world of W
-    reads windows r, r+W, r+2W, ... of epoch 0, then epoch 1, and so on: over all ranks every window of an
-    epoch is read exactly once, and the whole state is how many windows the world has read. Memory is
-    O(B*T): shards are memory-mapped."""
+    An epoch is every window of every shard once: in order, or with shuffle=True in a seeded order per epoch,
+    shards permuted and then the windows within each. Rank r of a world of W reads windows r, r+W, r+2W, ... of
+    epoch 0, then epoch 1, and so on, so over all ranks every window of an epoch is read exactly once; the state
+    is how many windows the world has read. Shards are memory-mapped: memory is O(B*T) plus a window index."""
 
     def __init__(self, paths: list[Path], B: int, T: int, rank: int = 0, world: int = 1,
                  vocab_size: Optional[int] = None, shuffle: bool = False, seed: int = 0, sizes: Optional[dict] = None):
@@ -567,23 +569,18 @@ class DataLoaderLite:
             raise ValueError(f"need B, T > 0 and 0 <= rank < world, got B={B}, T={T}, rank {rank}, world {world}")
         self.B, self.T, self.rank, self.world, self.vocab_size, self.shuffle, self.seed = B, T, rank, world, vocab_size, shuffle, seed
         self.shards, self.names = [open_shard(p, (sizes or {}).get(p)) for p in paths], [p.name for p in paths]
-        self.all = windows([len(s) for s in self.shards], B * T)
+        self.all = windows([len(s) for s in self.shards], B * T)  # (shard, start) of each window, in order
         if len(self.all) < world:
             raise ValueError(f"the train shards hold {len(self.all)} window(s) of B x T + 1 = {B * T + 1} tokens, fewer "
                              f"than one step needs (one for each of {world} rank(s)); lower batch_size/seq_len or add data")
         self.taken, self.epoch, self.order = 0, None, None  # taken: windows the whole world has read so far
 
-    def epoch_order(self, epoch: int) -> np.ndarray:
-        """The (shard, start) windows of an epoch in reading order."""
-        if not self.shuffle:
-            return self.all
-        rng = np.random.default_rng([self.seed, epoch])  # the same on every rank: all of them hold the same order
-        return np.concatenate([rng.permutation(self.all[self.all[:, 0] == k]) for k in rng.permutation(len(self.shards))])
-
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         epoch, i = divmod(self.taken + self.rank, len(self.all))
-        if epoch != self.epoch:
-            self.epoch, self.order = epoch, self.epoch_order(epoch)
+        if epoch != self.epoch:  # every rank draws the same order: the same seed, the same epoch
+            rng = np.random.default_rng([self.seed, epoch]) if self.shuffle else None
+            self.epoch, self.order = epoch, self.all if rng is None else np.concatenate(
+                [rng.permutation(self.all[self.all[:, 0] == k]) for k in rng.permutation(len(self.shards))])
         self.taken += self.world
         buf = read_window(self.shards, self.names, *self.order[i], self.B * self.T + 1, self.vocab_size)
         return buf[:-1].view(self.B, self.T), buf[1:].view(self.B, self.T)
@@ -593,9 +590,8 @@ class DataLoaderLite:
                 "seed": self.seed}
 
     def load_state_dict(self, state: dict):
-        mine = self.state_dict()
-        if any(state.get(k) != mine[k] for k in mine if k != "taken") or state["taken"] % self.world:
-            raise ValueError(f"the train data or its batching changed since the checkpoint ({state} -> {mine})")
+        if any(state.get(k) != v for k, v in self.state_dict().items() if k != "taken") or state["taken"] % self.world:
+            raise ValueError(f"the train data or its batching changed since the checkpoint ({state} -> {self.state_dict()})")
         self.taken = state["taken"]
 
 # ----------------------------------------------------------------------------------------------------------
@@ -644,18 +640,13 @@ def setup_runtime(device: str = "auto") -> Runtime:
     if "RANK" not in os.environ:
         return Runtime(False, 0, 0, 1, device, device.split(":")[0])
     rank, local_rank, world = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
-    device_type = device.split(":")[0]
-    if device_type == "mps":
+    if (device_type := device.split(":")[0]) == "mps":
         raise ValueError("DDP on mps is not supported; use a single process or --device cpu")
     device = f"cuda:{local_rank}" if device_type == "cuda" else "cpu"
     if device_type == "cuda":
         torch.cuda.set_device(device)
     init_process_group("nccl" if device_type == "cuda" else "gloo", rank, world)
     return Runtime(True, rank, local_rank, world, device, device_type)
-
-def teardown_runtime(rt: Runtime):
-    if rt.ddp and dist.is_initialized():
-        dist.destroy_process_group()
 
 def autocast_context(device_type: str, dtype: str):
     """bf16 autocast for matmuls (weights and optimizer state stay fp32); a no-op for float32."""
@@ -675,22 +666,18 @@ def all_ranks_agree(flag: bool, rt: Runtime) -> bool:
 @torch.no_grad()
 def evaluate_val_loss(model: GPT, shards: list[np.ndarray], names: list[str], val_tokens: int, B: int, T: int,
                       rt: Runtime, dtype: str, vocab_size: Optional[int] = None) -> float:
-    """Mean loss over the first val_tokens targets of the val split, its first val_tokens/T windows of T+1 tokens;
+    """Mean loss of the first val_tokens targets of the val split, its first val_tokens/T windows of T+1 tokens;
     window i is scored by rank i % world, so the tokens are the same for any world size or batch size."""
-    seqs = windows([len(s) for s in shards], T)
-    if val_tokens <= 0 or val_tokens % T or val_tokens // T > len(seqs):
+    if val_tokens <= 0 or val_tokens % T or val_tokens // T > len(seqs := windows([len(s) for s in shards], T)):
         raise ValueError(f"val_tokens ({val_tokens}) must be a positive multiple of seq_len ({T}) and fit the val split "
                          f"({len(seqs)} sequences of {T} tokens)")
     model.eval()
-    loss_sum, count = torch.zeros((), dtype=torch.float64, device=rt.device), 0
-    mine = seqs[rt.rank : val_tokens // T : rt.world_size]
-    for i in range(0, len(mine), B):
-        rows = torch.stack([read_window(shards, names, k, start, T + 1, vocab_size) for k, start in mine[i : i + B]])
-        rows = rows.to(rt.device)
+    sums = torch.zeros(2, dtype=torch.float64, device=rt.device)  # loss summed over tokens, tokens
+    for i in range(rt.rank, val_tokens // T, B * rt.world_size):
+        rows = torch.stack([read_window(shards, names, *w, T + 1, vocab_size) for w in seqs[i : val_tokens // T : rt.world_size][:B]])
         with autocast_context(rt.device_type, dtype):
-            _, loss = model(rows[:, :-1], rows[:, 1:])  # the training loss itself: one definition of it
-        loss_sum, count = loss_sum + loss.double() * rows[:, 1:].numel(), count + rows[:, 1:].numel()
-    sums = torch.stack([loss_sum, torch.tensor(float(count), dtype=torch.float64, device=rt.device)])
+            _, loss = model(rows[:, :-1].to(rt.device), rows[:, 1:].to(rt.device))  # the training loss itself
+        sums += torch.tensor([loss.item() * rows[:, 1:].numel(), rows[:, 1:].numel()], dtype=torch.float64, device=rt.device)
     if rt.ddp:
         dist.all_reduce(sums)
     model.train()
@@ -698,19 +685,17 @@ def evaluate_val_loss(model: GPT, shards: list[np.ndarray], names: list[str], va
 
 def sample_texts(model: GPT, enc, prompt: str, num_samples: int, max_new_tokens: int, top_k: Optional[int],
                  temperature: float, seed: int, device: str) -> list[str]:
-    """Seeded top-k samples continuing `prompt`, encoded and decoded with enc (<|endoftext|> in the prompt is
-    GPT-2's special token); ids past the tokenizer's (a padded table's extra rows) are never drawn."""
+    """Seeded top-k samples continuing `prompt`, encoded (<|endoftext|> is GPT-2's special token) and decoded with
+    enc; ids past the tokenizer's (a padded table's extra rows) are never drawn."""
     if model.config.vocab_size < enc.n_vocab:
         raise ValueError(f"the model's vocabulary ({model.config.vocab_size} ids) is smaller than the {enc.name} "
                          f"tokenizer's ({enc.n_vocab}): it was not trained on these ids")
-    prompt_ids = enc.encode(prompt, allowed_special="all") or ([enc.eot_token] if enc.eot_token is not None else [])
-    if not 0 < len(prompt_ids) < model.config.block_size:
-        raise ValueError(f"the prompt is {len(prompt_ids)} tokens; the model needs 1 to {model.config.block_size - 1}")
-    idx = torch.tensor(prompt_ids, dtype=torch.long, device=device).repeat(num_samples, 1)
+    ids = enc.encode(prompt, allowed_special="all") or ([enc.eot_token] if enc.eot_token is not None else [])
+    if not 0 < len(ids) < model.config.block_size:
+        raise ValueError(f"the prompt is {len(ids)} tokens; the model needs 1 to {model.config.block_size - 1}")
     was_training = model.training
-    model.eval()
-    out = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k,
-                         generator=torch.Generator(device=device).manual_seed(seed), vocab_limit=enc.n_vocab)
+    out = model.eval().generate(torch.tensor(ids, device=device).repeat(num_samples, 1), max_new_tokens, temperature,
+                                top_k, torch.Generator(device=device).manual_seed(seed), vocab_limit=enc.n_vocab)
     model.train(was_training)
     return [enc.decode(row.tolist()) for row in out]
 
@@ -742,17 +727,17 @@ class Metrics:
 
 class SpikeGuard:
     """Flags an update whose loss or grad norm lies more than z standard deviations above the mean of the last
-    `window` accepted updates (none before `warmup` of them): one bad batch is skipped instead of derailing the
-    run (llm.c's outlier rule). z = 0 turns it off. Its history goes into checkpoints, so a resume decides alike."""
+    `window` accepted ones (after `warmup` of them): a bad batch is skipped instead of derailing the run (llm.c's
+    rule; z = 0: off). Its history goes into checkpoints, so a resumed run decides alike."""
 
-    def __init__(self, z: float, window: int = 128, warmup: int = 16, history: Optional[list] = None):
-        self.z, self.window, self.warmup, self.history = z, window, warmup, list(history or [])
+    def __init__(self, z: float, window: int = 128, warmup: int = 16):
+        self.z, self.window, self.warmup, self.history = z, window, warmup, []  # history: (loss, norm) pairs
 
     def spike(self, loss: float, norm: float) -> Optional[float]:
-        """The larger z-score of (loss, norm) if it is over the threshold, else None."""
+        """The larger z-score of (loss, norm) if it is over the threshold, else None (then `accept` it)."""
         if self.z <= 0 or len(self.history) < self.warmup:
             return None
-        past = np.array(self.history[-self.window :])  # (n, 2)
+        past = np.array(self.history)  # (n, 2)
         score = float(((np.array([loss, norm]) - past.mean(0)) / (past.std(0) + 1e-8)).max())
         return score if score > self.z else None
 
@@ -767,9 +752,9 @@ class Run:
     enc: object  # the data's tokenizer (GPT-2's, or a CharTokenizer): samples are decoded with it
     model: GPT  # the plain module: evaluation, sampling and checkpoints use it
     train_model: nn.Module  # the module that trains: `model` compiled and/or wrapped in DDP (the same weights)
-    optimizers: list  # AdamW; with --optimizer muon, Muon for the blocks' matrices as well
+    optimizers: list  # AdamW, and Muon for the blocks' matrices with --optimizer muon
     train_loader: DataLoaderLite
-    val: Optional[tuple]  # (the val split's shards, their names)
+    val: tuple  # (the val split's shards, their names)
     dtype: str  # autocast dtype: "bfloat16" | "float32"
     grad_accum: int  # micro-steps per optimizer step
     guard: SpikeGuard
@@ -778,17 +763,17 @@ class Run:
     val_loss: Optional[float] = None  # a resumed run's newest val loss, until this run measures its own
     skipped: int = 0  # updates skipped as spikes
     hellaswag: Optional[list] = None  # loaded at the first HellaSwag evaluation
-    lineage: dict = field(default_factory=dict)  # id, parent, and the suffix of this lineage's file names
+    lineage: dict = field(default_factory=dict)  # its id, its parent, the suffix of its checkpoint names
     resumed_from: Optional[str] = None
 
 def build_model(cfg: TrainConfig, enc, known_tokenizer: bool) -> GPT:
     """From scratch with cfg's shape, or --init_from's weights (cropped to block_size if shorter); cfg's dropout. The
     vocabulary: --vocab_size, or the data's tokenizer's (GPT-2's 50,257 padded to 50,304, a multiple of 128, for speed)."""
     if cfg.init_from == "scratch":
-        vocab = cfg.vocab_size or (50304 if enc.name == "gpt2" else enc.n_vocab)
-        if known_tokenizer and vocab < enc.n_vocab:
-            raise ValueError(f"--vocab_size {vocab} is smaller than the data's {enc.name} tokenizer ({enc.n_vocab} ids)")
-        return GPT(GPTConfig(cfg.block_size, vocab, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.dropout, cfg.bias))
+        if known_tokenizer and 0 < cfg.vocab_size < enc.n_vocab:
+            raise ValueError(f"--vocab_size {cfg.vocab_size} is smaller than the data's {enc.name} tokenizer ({enc.n_vocab} ids)")
+        return GPT(GPTConfig(cfg.block_size, cfg.vocab_size or (50304 if enc.name == "gpt2" else enc.n_vocab),
+                             cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.dropout, cfg.bias))
     model, model_enc = load_model(cfg.init_from)
     if known_tokenizer and (model_enc.name, model_enc.n_vocab) != (enc.name, enc.n_vocab):
         raise ValueError(f"--init_from {cfg.init_from} was trained on the {model_enc.name} tokenizer; the data in "
@@ -817,18 +802,19 @@ def start_run(cfg: TrainConfig, rt: Runtime, lock: LogDirLock, log) -> Run:
     enc, sizes = tokenizer_from_manifest(manifest or {}), (manifest or {}).get("sizes", {})
     if rt.device_type == "cuda":  # TF32 for any fp32 matmul left outside autocast
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    if rt.device_type == "cpu":
+        keep_freed_memory()
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
     model = build_model(cfg, enc, manifest is not None).to(rt.device)
-    vocab = model.config.vocab_size
-    run = Run(cfg, rt, enc, model, model, [model.configure_optimizers(cfg.weight_decay, cfg.max_lr, rt.device_type)],
-              DataLoaderLite(splits["train"], B, T, rt.rank, rt.world_size, vocab, cfg.shuffle, cfg.seed, sizes),
-              ([open_shard(p, sizes.get(p)) for p in splits["val"]], [p.name for p in splits["val"]])
-              if cfg.eval_interval else None,
-              dtype=cfg.dtype if cfg.dtype != "auto" else ("bfloat16" if rt.device_type == "cuda" else "float32"),
-              grad_accum=cfg.total_batch_size // (B * T * rt.world_size), guard=SpikeGuard(cfg.skip_spikes))
-    log_dir = Path(cfg.log_dir)
+    run = Run(cfg, rt, enc, model, model, model.configure_optimizers(cfg.weight_decay, cfg.max_lr, rt.device_type,
+                                                                     cfg.muon_lr if cfg.optimizer == "muon" else 0.0),
+              DataLoaderLite(splits["train"], B, T, rt.rank, rt.world_size, model.config.vocab_size, cfg.shuffle,
+                             cfg.seed, sizes), ([open_shard(p, sizes.get(p)) for p in splits["val"]],
+                                                [p.name for p in splits["val"]]),
+              cfg.dtype if cfg.dtype != "auto" else default_dtype(rt.device_type),
+              cfg.total_batch_size // (B * T * rt.world_size), SpikeGuard(cfg.skip_spikes))
     lock.claim(create=False)  # if log_dir exists, no other run may change its checkpoints from here on
-    resume(run, log_dir, log)
+    resume(run, Path(cfg.log_dir), log)
     lock.claim(create=True)
     use_compile = cfg.compile == "true" or (cfg.compile == "auto" and rt.device_type == "cuda")
     run.train_model = torch.compile(model) if use_compile else model
@@ -837,10 +823,9 @@ def start_run(cfg: TrainConfig, rt: Runtime, lock: LogDirLock, log) -> Run:
 
         run.train_model = DDP(run.train_model, device_ids=[rt.local_rank] if rt.device_type == "cuda" else None)
     if rt.master:
-        write_header(log_dir, cfg, rt, {"num_params": model.num_params(), "grad_accum_steps": run.grad_accum,
-                                        "dtype": run.dtype, "compile": use_compile, "resumed_from": run.resumed_from,
-                                        "lineage": run.lineage, "data": {k: v for k, v in (manifest or {}).items()
-                                                                         if k in ("dataset", "tokenizer", "source")}})
+        write_header(Path(cfg.log_dir), cfg, rt, {"num_params": model.num_params(), "grad_accum_steps": run.grad_accum,
+                     "dtype": run.dtype, "compile": use_compile, "resumed_from": run.resumed_from, "lineage": run.lineage,
+                     "data": {k: (manifest or {}).get(k) for k in ("dataset", "tokenizer", "source")}})
     log(f"{model.num_params():,} parameters | {rt.world_size} process(es) on {rt.device} | {run.dtype} | "
         f"compile {use_compile}")
     log(f"total batch {cfg.total_batch_size:,} tokens = {B} x {T} x {rt.world_size} ranks x {run.grad_accum} micro-steps")
@@ -851,8 +836,8 @@ def is_due(step: int, interval: int, last_step: int) -> bool:
     return interval > 0 and (step % interval == 0 or step == last_step)
 
 def evaluate(run: Run, step: int, metrics: Metrics, log):
-    """The evaluations due at `step`, on the plain model: val loss and HellaSwag (every rank scores a share of
-    them), and samples (rank 0)."""
+    """The evaluations due at `step`, on the plain model: val loss and HellaSwag (every rank scores a share of them),
+    and samples (rank 0)."""
     cfg, rt, model = run.cfg, run.rt, run.model
     if is_due(step, cfg.eval_interval, cfg.max_steps):
         metrics.report(step, val=evaluate_val_loss(model, *run.val, cfg.val_tokens, cfg.batch_size, cfg.seq_len, rt,
@@ -916,13 +901,13 @@ def train(cfg: TrainConfig, log=print) -> dict:
                 lr = get_lr(step, cfg.max_lr, cfg.max_lr * cfg.min_lr_ratio, cfg.warmup_steps,
                             cfg.lr_decay_steps or cfg.max_steps)
                 for group in (group for opt in run.optimizers for group in opt.param_groups):
-                    group["lr"] = lr * group.get("lr_scale", 1.0)  # Muon's groups run at their own scale
+                    group["lr"] = lr * group.get("lr_scale", 1.0)  # Muon's group runs at its own peak
                 loss_value, norm_value = loss_accum.item(), norm.item()  # the one host sync of a step
                 if not (math.isfinite(loss_value) and math.isfinite(norm_value)):
                     check_nonfinite(run, step, loss_value, norm_value, log)  # raises unless --skip_nonfinite
                 elif (z := run.guard.spike(loss_value, norm_value)) is not None:
                     run.skipped += 1
-                    metrics.report(step, spike=z, skipped=run.skipped)  # this update is skipped
+                    metrics.report(step, spike=z, skipped=run.skipped)  # and this update is not made
                 else:
                     run.guard.accept(loss_value, norm_value)
                     for opt in run.optimizers:
@@ -947,7 +932,8 @@ def train(cfg: TrainConfig, log=print) -> dict:
         return {**metrics.latest, "step": run.step, "checkpoint": str(path)}
     finally:
         lock.release()
-        teardown_runtime(rt)
+        if rt.ddp and dist.is_initialized():
+            dist.destroy_process_group()
 
 def to_device(t: torch.Tensor, rt: Runtime) -> torch.Tensor:
     """A host batch on the run's device; pinned memory lets the copy to a GPU overlap with compute."""
@@ -964,7 +950,7 @@ def start_wandb(cfg: TrainConfig, rt: Runtime):
 # Command line
 
 class Parser(argparse.ArgumentParser):
-    """argparse with a one-line error (the usage of ~40 flags would bury it) and no abbreviations (a prefix of
+    """argparse with a one-line error (the usage of ~50 flags would bury it) and no abbreviations (a prefix of
     one flag would silently set another)."""
 
     def __init__(self, **kwargs):
@@ -973,7 +959,7 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see -h)\n")
 
-def train_parser() -> argparse.ArgumentParser:
+def parse_train_args(argv: list[str]) -> TrainConfig:
     """--field value for every TrainConfig field, plus --preset; explicit flags override the preset."""
     parser = Parser(description="Train GPT-2 (README.md has the recipes; sample.py, hellaswag.py, plot.py and "
                     "export_hf.py use what it writes).", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -981,10 +967,6 @@ def train_parser() -> argparse.ArgumentParser:
     for f in dataclasses.fields(TrainConfig):
         parser.add_argument(f"--{f.name}", type=FLAG_TYPES[f.name], default=f.default, help=f.metadata["help"],
                             metavar="true|false" if FLAG_TYPES[f.name] is str2bool else None)
-    return parser
-
-def parse_train_args(argv: list[str]) -> TrainConfig:
-    parser = train_parser()
     if preset := parser.parse_known_args(argv)[0].preset:
         parser.set_defaults(**PRESETS[preset])
     args = vars(parser.parse_args(argv))
@@ -1006,7 +988,7 @@ def main(argv: Optional[list[str]] = None):
 # ----------------------------------------------------------------------------------------------------------
 # Plumbing: what a run needs and a reader changing the model or the loop does not. Checkpoint files and model
 # loading, lineages, resume lookup and pruning, the log directory's lock, RNG capture, atomic writes, path checks,
-# the plot refresh, signals, the run header, process-group start-up, and the FLOP arithmetic of MFU.
+# the plot refresh, signals, the run header, process-group start-up, CPU tuning and the FLOP arithmetic of MFU.
 
 class NonFiniteError(RuntimeError):
     """The loss or gradient norm became inf/NaN."""
@@ -1034,8 +1016,7 @@ def check_path(path: str | os.PathLike, what: str, is_dir: bool) -> Path:
     return p
 
 def load_checkpoint(path: str | os.PathLike) -> dict:
-    """A checkpoint written by this script: plain tensors and dicts, loaded without running any code (and memory-
-    mapped: only what is used is read)."""
+    """A checkpoint of this script: plain tensors and dicts, loaded without running any code, memory-mapped."""
     path = check_path(path, "checkpoint", is_dir=False)
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
@@ -1050,15 +1031,13 @@ def load_model(source: str, device: str = "cpu") -> tuple[GPT, object]:
     or a GPT-2 hub name (these two with GPT-2's tokenizer)."""
     if str(source).endswith(".pt") or Path(source).is_file():
         ckpt = load_checkpoint(source)
-        model = GPT(GPTConfig(**ckpt["model_config"]))
-        model.load_state_dict(ckpt["model"])
+        (model := GPT(GPTConfig(**ckpt["model_config"]))).load_state_dict(ckpt["model"])
         return model.to(device), tokenizer_from_manifest(ckpt.get("tokenizer", {}))
     return GPT.from_pretrained(str(source)).to(device), get_tokenizer()
 
 def save_checkpoint(run: Run, val_loss: Optional[float]) -> Path:
-    """model_{step:05d}[_{lineage}].pt in log_dir, written atomically by rank 0: weights, optimizers, loader position,
-    RNG states, spike history, tokenizer, lineage and configs, as plain data; then this lineage's old checkpoints are
-    pruned and curves.png redrawn. Every rank waits for the file."""
+    """model_{step:05d}[_{lineage}].pt in log_dir, written atomically by rank 0: everything a resume needs, as plain
+    data; then this lineage's oldest are pruned and curves.png redrawn. Every rank waits for the file."""
     path = Path(run.cfg.log_dir) / f"model_{run.step:05d}{run.lineage['suffix']}.pt"
     if run.rt.master:
         if not all(torch.isfinite(p).all() for p in run.model.parameters()):
@@ -1078,7 +1057,7 @@ def save_checkpoint(run: Run, val_loss: Optional[float]) -> Path:
             reason = cause.strerror if isinstance(cause, OSError) else str(e).splitlines()[0]
             raise OSError(f"could not write {path} ({reason}); earlier checkpoints are intact: free some space, then "
                           "rerun with --resume auto") from None
-        if run.cfg.keep_last:  # the oldest of this lineage only
+        if run.cfg.keep_last:  # the oldest checkpoints of this lineage only
             for old in checkpoint_paths(run.cfg.log_dir, run.lineage["suffix"])[: -run.cfg.keep_last]:
                 old.unlink(missing_ok=True)
         refresh_plot(run.cfg.log_dir)
@@ -1103,6 +1082,8 @@ def resume(run: Run, log_dir: Path, log):
         if ckpt["step"] > cfg.max_steps:
             raise ValueError(f"--max_steps {cfg.max_steps} is below the step of {path} ({ckpt['step']}): raise "
                              "--max_steps, or resume an earlier checkpoint with --resume PATH")
+        if (ckpt.get("muon") is None) != (len(run.optimizers) == 1):
+            raise ValueError(f"{path} was trained with another --optimizer; resume it with the same one")
         run.model.load_state_dict(ckpt["model"])
         for opt, state in zip(run.optimizers, (ckpt["optimizer"], ckpt.get("muon"))):
             opt.load_state_dict(state)
@@ -1128,25 +1109,20 @@ def choose_lineage(log_dir: Path, path: Optional[Path], ckpt: Optional[dict], rt
     (its id and file names); a fresh run, or a resume from an older checkpoint (a branch), starts a new one. A
     log_dir's first lineage writes model_{step:05d}.pt, any other model_{step:05d}_{id}.pt, so that no run writes
     over or prunes a checkpoint of another lineage."""
-    lineage = {"id": new_lineage_id(rt), "parent": None}
+    ids = [secrets.token_hex(4)]
+    if rt.ddp:
+        dist.broadcast_object_list(ids, src=0)  # rank 0's, on every rank
+    lineage = {"id": ids[0], "parent": None}
     if ckpt is not None:
         suffix = (m[2] or "") if (m := CHECKPOINT.fullmatch(path.name)) else None  # None: not named as we name them
-        newer = suffix is not None and any(checkpoint_step(p) > ckpt["step"] and readable(p)
-                                           for p in checkpoint_paths(path.parent, suffix))
-        if suffix is None or newer:  # a branch: a new lineage, whose parent is that checkpoint
-            lineage["parent"] = {"file": str(path), "step": ckpt["step"]}
+        if suffix is None or any(checkpoint_step(p) > ckpt["step"] and readable(p) for p in checkpoint_paths(path.parent, suffix)):
+            lineage["parent"] = {"file": str(path), "step": ckpt["step"]}  # a branch: a new lineage
         else:  # continue its lineage, with its file names if it lives here
-            lineage = ckpt.get("lineage") or {"id": suffix[1:] or lineage["id"], "parent": None}
+            lineage = ckpt.get("lineage") or {"id": suffix[1:] or ids[0], "parent": None}
             if path.parent.resolve() == log_dir.resolve():
                 return {**lineage, "suffix": suffix}
     taken = log_dir.is_dir() and checkpoint_paths(log_dir, "")  # another lineage holds the plain names
     return {**lineage, "suffix": f"_{lineage['id']}" if taken else ""}
-
-def new_lineage_id(rt: Runtime) -> str:
-    ids = [secrets.token_hex(4)]
-    if rt.ddp:
-        dist.broadcast_object_list(ids, src=0)  # rank 0's, on every rank
-    return ids[0]
 
 CHECKPOINT = re.compile(r"model_(\d+)(_[0-9a-f]{8})?\.pt")  # model_{step:05d}[_{lineage}].pt
 
@@ -1155,8 +1131,7 @@ def checkpoint_step(path: Path) -> int:
 
 def checkpoint_paths(log_dir: str | os.PathLike, suffix: Optional[str] = None) -> list[Path]:
     """Checkpoint files of log_dir (only one lineage's: suffix '' for plain names, '_{id}' for the others), by step."""
-    found = [p for p in Path(log_dir).glob("model_*.pt")
-             if (m := CHECKPOINT.fullmatch(p.name)) and suffix in (None, m[2] or "")]
+    found = [p for p in Path(log_dir).glob("model_*.pt") if (m := CHECKPOINT.fullmatch(p.name)) and suffix in (None, m[2] or "")]
     return sorted(found, key=checkpoint_step)
 
 def readable(path: Path) -> bool:
@@ -1167,9 +1142,8 @@ def readable(path: Path) -> bool:
 
 def newest_usable_checkpoint(log_dir: Path, log) -> tuple[Optional[Path], Optional[dict]]:
     """The checkpoint written last in log_dir that can be resumed; the ones passed over are named in warnings."""
-    newest_first = sorted(checkpoint_paths(log_dir) if log_dir.is_dir() else [], reverse=True,
-                          key=lambda p: (p.stat().st_mtime_ns, checkpoint_step(p)))
-    for path in newest_first:
+    for path in sorted(checkpoint_paths(log_dir) if log_dir.is_dir() else [], reverse=True,
+                       key=lambda p: (p.stat().st_mtime_ns, checkpoint_step(p))):
         try:
             return path, check_training_checkpoint(path, load_checkpoint(path))
         except (OSError, ValueError) as e:
@@ -1183,31 +1157,26 @@ class LogDirLock:
     def __init__(self, log_dir: str, rt: Runtime):
         self.path, self.rt, self.fd = Path(log_dir), rt, None
 
+    def claim(self, create: bool):
+        """Lock log_dir if it exists (create: make it first). If rank 0 cannot, torchrun stops the other ranks."""
+        if self.path.exists() and not self.path.is_dir():
+            raise ValueError(f"--log_dir {self.path} exists and is not a directory")
+        if self.rt.master and self.fd is None and (create or self.path.is_dir()):
+            self.path.mkdir(parents=True, exist_ok=True)
+            self.fd = os.open(self.path, os.O_RDONLY)
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                self.release()
+                raise ValueError(f"--log_dir {self.path} is in use by another run ({lock_holder(self.path)}); wait for "
+                                 "it, or choose another --log_dir") from None
+            for stale in self.path.glob(".model_*.pt.tmp*"):  # left by a run killed while saving
+                stale.unlink(missing_ok=True)
+
     def release(self):
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
-
-    def claim(self, create: bool):
-        """Lock log_dir if it exists (create: make it first); every rank raises if rank 0 could not."""
-        if self.path.exists() and not self.path.is_dir():
-            raise ValueError(f"--log_dir {self.path} exists and is not a directory")
-        error = None
-        if self.rt.master and self.fd is None and (create or self.path.is_dir()):
-            try:
-                self.path.mkdir(parents=True, exist_ok=True)
-                self.fd = os.open(self.path, os.O_RDONLY)
-                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                for stale in self.path.glob(".model_*.pt.tmp*"):  # left by a run killed while saving
-                    stale.unlink(missing_ok=True)
-            except BlockingIOError:
-                os.close(self.fd)
-                self.fd, error = None, ValueError(f"--log_dir {self.path} is in use by another run "
-                                                  f"({lock_holder(self.path)}); wait for it, or choose another --log_dir")
-            except OSError as e:
-                error = OSError(f"--log_dir {self.path}: {e.strerror or e}")
-        if all_ranks_agree(error is not None, self.rt):
-            raise error or ValueError(f"rank 0 could not claim --log_dir {self.path}")
 
 def lock_holder(path: Path) -> str:
     """'pid N: its command line' of the process holding a flock on path, read from Linux's /proc/locks."""
@@ -1269,8 +1238,7 @@ def write_header(log_dir: Path, cfg: TrainConfig, rt: Runtime, extra: dict):
     """Append this run's config and versions to log_dir/header.txt (one JSON block per start or resume)."""
     info = {"time": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv, "config": dataclasses.asdict(cfg),
             "world_size": rt.world_size, "device": rt.device, "python": platform.python_version(),
-            "torch": torch.__version__, "numpy": np.__version__,
-            "gpu": torch.cuda.get_device_name() if rt.device_type == "cuda" else None, **extra}
+            "torch": torch.__version__, "gpu": torch.cuda.get_device_name() if rt.device_type == "cuda" else None, **extra}
     with open(log_dir / "header.txt", "a") as f:
         f.write(json.dumps(info, indent=1) + "\n")
 
@@ -1283,6 +1251,27 @@ def init_process_group(backend: str, rank: int, world: int):
         dist.init_process_group(backend, store=dist.PrefixStore(f"attempt_{attempt}/", store), rank=rank, world_size=world)
     else:
         dist.init_process_group(backend)
+
+def keep_freed_memory():
+    """On glibc, stop handing big freed blocks back to the OS: otherwise every CPU step maps its large buffers (the
+    loss's chunks of logits, the gradients) afresh and page-faults them in again, a large part of a small model's step."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-4, 0)  # M_MMAP_MAX = 0: big blocks come from the heap, and stay there for the next step
+        libc.mallopt(-1, 2**31 - 1)  # M_TRIM_THRESHOLD: never shrink the heap
+    except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to tune
+        pass
+
+def default_dtype(device_type: str) -> str:
+    """--dtype auto: bf16 autocast on CUDA and on CPUs that compute in bf16 natively (AVX512-BF16, AMX; Linux's
+    /proc/cpuinfo says), float32 elsewhere: emulated bf16 is many times slower than fp32."""
+    if device_type == "cuda":
+        return "bfloat16"
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split() if device_type == "cpu" else []
+    except OSError:
+        flags = []
+    return "bfloat16" if {"avx512_bf16", "amx_bf16"} & set(flags) else "float32"
 
 # Dense bf16 tensor-core peak per GPU, from the vendors' datasheets (SXM parts).
 PEAK_BF16_FLOPS = {"A100": 312e12, "H100": 989e12, "H200": 989e12, "H800": 989e12, "A10G": 125e12,
