@@ -22,7 +22,6 @@ import json
 import math
 import os
 import platform
-import random
 import re
 import secrets
 import signal
@@ -91,6 +90,7 @@ class TrainConfig:
     warmup_steps: int = opt(715, "linear warmup steps")
     max_lr: float = opt(6e-4, "peak learning rate (AdamW's)")
     min_lr_ratio: float = opt(0.1, "final learning rate as a fraction of max_lr")
+    beta2: float = opt(0.95, "AdamW's beta2 (GPT-2's 0.95; nearer 1 for small batches, as nanoGPT's char model)")
     weight_decay: float = opt(0.1, "AdamW decay on matrices and embeddings (not biases or norms)")
     optimizer: str = opt("adamw", "muon: Muon for the blocks' matrices, AdamW for the rest", ("adamw", "muon"))
     muon_lr: float = opt(0.02, "Muon's peak learning rate (--optimizer muon; the schedule is --max_lr's, scaled)")
@@ -136,8 +136,9 @@ class TrainConfig:
         if self.total_batch_size % (self.batch_size * self.seq_len):
             raise ValueError(f"--total_batch_size ({self.total_batch_size}) must be divisible by batch_size x "
                              f"seq_len ({self.batch_size} x {self.seq_len} = {self.batch_size * self.seq_len})")
-        if not 0 < self.max_lr < 1 or not 0 <= self.min_lr_ratio <= 1:
-            raise ValueError(f"need 0 < max_lr < 1 and 0 <= min_lr_ratio <= 1, got {self.max_lr}, {self.min_lr_ratio}")
+        if not 0 < self.max_lr < 1 or not 0 <= self.min_lr_ratio <= 1 or not 0 <= self.beta2 < 1:
+            raise ValueError(f"need 0 < max_lr < 1, 0 <= min_lr_ratio <= 1 and 0 <= beta2 < 1, got {self.max_lr}, "
+                             f"{self.min_lr_ratio}, {self.beta2}")
         if self.val_tokens % self.seq_len or (self.eval_interval and not self.val_tokens):
             raise ValueError(f"--val_tokens ({self.val_tokens}) must be a positive multiple of --seq_len ({self.seq_len})")
         if self.hellaswag_data:
@@ -170,17 +171,17 @@ PRESETS = {
                       warmup_steps=715, max_lr=6e-4, min_lr_ratio=0.1, weight_decay=0.1, grad_clip=1.0,
                       eval_interval=250, val_tokens=10485760, hellaswag_interval=250, sample_interval=250,
                       ckpt_interval=5000),
-    # A small model on input.txt (`python fineweb.py --local input.txt --out_dir data/shakespeare`): about three
-    # minutes on a 2-core CPU, val loss from 10.8 to about 6.4. The unpadded vocabulary: no GPU to align it for.
+    # GPT-2's tokens of input.txt (`python fineweb.py --local input.txt --out_dir data/shakespeare`): a smoke run of
+    # the BPE path, a few CPU minutes. The unpadded vocabulary: no GPU to align it for.
     "shakespeare": dict(data_root="data/shakespeare", log_dir="log/shakespeare", n_layer=4, n_head=4, n_embd=128,
                         block_size=128, vocab_size=50257, batch_size=16, seq_len=128, total_batch_size=2048,
                         max_steps=100, warmup_steps=10, max_lr=3e-3, eval_interval=25, val_tokens=8192,
                         hellaswag_interval=0, sample_interval=50, sample_prompt="KING.\n", ckpt_interval=100),
     # Characters of input.txt (`python fineweb.py --local input.txt --tokenizer char --out_dir data/shakespeare_char`),
-    # nanoGPT's laptop model: val loss below 1.9 in a few CPU minutes, and samples that read like the plays.
+    # nanoGPT's laptop model: val loss below 1.9 in about three CPU minutes, and samples that read like the plays.
     "shakespeare_char": dict(data_root="data/shakespeare_char", log_dir="log/shakespeare_char", n_layer=4, n_head=4,
                              n_embd=128, block_size=64, vocab_size=0, batch_size=12, seq_len=64, total_batch_size=768,
-                             max_steps=2000, warmup_steps=100, max_lr=1e-3, shuffle=True, eval_interval=250,
+                             max_steps=2000, warmup_steps=100, max_lr=2e-3, beta2=0.99, shuffle=True, eval_interval=250,
                              val_tokens=16384, hellaswag_interval=0, sample_interval=2000, sample_prompt="\n",
                              sample_length=300, ckpt_interval=2000),
 }
@@ -352,7 +353,8 @@ class GPT(nn.Module):
         self.config = dataclasses.replace(self.config, block_size=block_size)
         self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size].detach().clone())
 
-    def configure_optimizers(self, weight_decay: float, learning_rate: float, device_type: str, muon_lr: float = 0.0):
+    def configure_optimizers(self, weight_decay: float, learning_rate: float, device_type: str, muon_lr: float = 0.0,
+                             beta2: float = 0.95) -> list:
         """[AdamW] with decay on matrices and embeddings (dim >= 2), none on biases and LayerNorm gains; with muon_lr,
         [AdamW, Muon], Muon taking the blocks' matrices (at muon_lr / learning_rate times the shared schedule)."""
         params = [(n, p) for n, p in self.named_parameters() if p.requires_grad]  # unique: the tied table once
@@ -360,7 +362,7 @@ class GPT(nn.Module):
         rest = [p for _, p in params if all(p is not q for q in muon)]
         groups = [{"params": [p for p in rest if p.dim() >= 2], "weight_decay": weight_decay},
                   {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}]
-        opts = [torch.optim.AdamW(groups, lr=learning_rate, betas=(0.9, 0.95), eps=1e-8, fused=device_type == "cuda")]
+        opts = [torch.optim.AdamW(groups, lr=learning_rate, betas=(0.9, beta2), eps=1e-8, fused=device_type == "cuda")]
         if muon:  # decoupled decay scaled so that a step shrinks weights as much as AdamW's does
             opts.append(torch.optim.Muon([{"params": muon, "lr_scale": muon_lr / learning_rate}], lr=muon_lr,
                                          weight_decay=weight_decay * learning_rate / muon_lr))
@@ -807,7 +809,7 @@ def start_run(cfg: TrainConfig, rt: Runtime, lock: LogDirLock, log) -> Run:
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
     model = build_model(cfg, enc, manifest is not None).to(rt.device)
     run = Run(cfg, rt, enc, model, model, model.configure_optimizers(cfg.weight_decay, cfg.max_lr, rt.device_type,
-                                                                     cfg.muon_lr if cfg.optimizer == "muon" else 0.0),
+                                                                     cfg.muon_lr * (cfg.optimizer == "muon"), cfg.beta2),
               DataLoaderLite(splits["train"], B, T, rt.rank, rt.world_size, model.config.vocab_size, cfg.shuffle,
                              cfg.seed, sizes), ([open_shard(p, sizes.get(p)) for p in splits["val"]],
                                                 [p.name for p in splits["val"]]),

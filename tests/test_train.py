@@ -578,3 +578,37 @@ def test_wandb_is_imported_only_when_asked_and_runs_disabled(data, tmp_path, mon
     assert "wandb" not in sys.modules
     metrics = run_train(**settings(data, tmp_path / "wb", max_steps=2, wandb_project="gpt2-test"))
     assert "wandb" in sys.modules and metrics["step"] == 2
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Muon
+
+
+def test_muon_takes_the_blocks_matrices_and_resumes_bit_identically(small_data, tmp_path):
+    """--optimizer muon: Muon updates the blocks' 2-D weights (its own peak LR, the shared schedule), AdamW the
+    embeddings, head, biases and gains; 2N steps straight == N steps + --resume auto to 2N, both optimizers' states
+    included. A checkpoint of one optimizer is refused by the other."""
+    N = 3
+    common = settings(small_data, tmp_path / "straight", batch_size=2, total_batch_size=64, warmup_steps=1,
+                      eval_interval=0, lr_decay_steps=2 * N, optimizer="muon", muon_lr=0.02)
+    straight = run_train(**{**common, "max_steps": 2 * N})
+    resumed = {**common, "log_dir": str(tmp_path / "resumed")}
+    run_train(**{**resumed, "max_steps": N})
+    run_train(**{**resumed, "max_steps": 2 * N, "resume": "auto"})
+    a, b = torch.load(straight["checkpoint"], weights_only=True), torch.load(final_checkpoint(tmp_path / "resumed"),
+                                                                            weights_only=True)
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    for key in ("optimizer", "muon"):
+        for pa, pb in zip(a[key]["state"].values(), b[key]["state"].values()):
+            assert all(torch.equal(pa[k], pb[k]) for k in pa)
+    model = train_gpt2.GPT(train_gpt2.GPTConfig(**MODEL))
+    adamw, muon = model.configure_optimizers(0.1, 3e-3, "cpu", muon_lr=0.02)
+    in_muon = {id(p) for g in muon.param_groups for p in g["params"]}
+    names = {name for name, p in model.named_parameters() if id(p) in in_muon}
+    assert names == {n for n, p in model.named_parameters() if n.startswith("transformer.h.") and p.dim() == 2}
+    assert muon.param_groups[0]["lr_scale"] == pytest.approx(0.02 / 3e-3)
+    assert len(a["muon"]["state"]) == len(names) and len(a["optimizer"]["state"]) == len(list(model.parameters())) - len(names)
+    lr_used = a["muon"]["param_groups"][0]["lr"]  # the last step's: the schedule's value scaled to Muon's peak
+    assert lr_used == pytest.approx(get_lr(2 * N - 1, 0.02, 0.002, 1, 2 * N), rel=1e-9)
+    with pytest.raises(ValueError, match="was trained with another --optimizer"):
+        run_train(**{**resumed, "max_steps": 3 * N, "resume": "auto", "optimizer": "adamw"})
