@@ -185,7 +185,7 @@ def bench_train(args, device: str) -> dict:
         torch.manual_seed(args.seed)
         model = GPT(config).to(device)  # a fresh model per B: the peak memory is this B's alone
         shape = shape_text(config, model)
-        optimizer = model.configure_optimizers(weight_decay=0.1, learning_rate=6e-4, device_type=device)
+        (optimizer,) = model.configure_optimizers(weight_decay=0.1, learning_rate=6e-4, device_type=device)
         if use_compile:
             torch._dynamo.reset()  # forget the previous B's graphs: no recompile limits, no shapes marked dynamic
         # dynamic=False: one static graph for this (B, T), as in training, instead of a slower dynamic-shape one

@@ -194,15 +194,14 @@ class KVCache:
 
     def __init__(self, config: GPTConfig, batch_size: int, device, dtype, length: Optional[int] = None):
         self.length = config.block_size if length is None else length  # short sequences need less memory
-        shape = (config.n_layer, batch_size, config.n_head, self.length, config.n_embd // config.n_head)
-        self.k, self.v = torch.empty(shape, device=device, dtype=dtype), torch.empty(shape, device=device, dtype=dtype)
-        self.pos = 0  # number of positions already cached; those past it are never read
+        shape = (2, config.n_layer, batch_size, config.n_head, self.length, config.n_embd // config.n_head)
+        self.kv, self.pos = torch.empty(shape, device=device, dtype=dtype), 0  # pos: positions cached (read no further)
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         """Store k, v (B, nh, T, hs) after the cached positions; return all keys and values so far."""
         end = self.pos + k.size(2)
-        self.k[layer, :, :, self.pos : end], self.v[layer, :, :, self.pos : end] = k, v
-        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+        self.kv[0, layer, :, :, self.pos : end], self.kv[1, layer, :, :, self.pos : end] = k, v
+        return self.kv[0, layer, :, :, :end], self.kv[1, layer, :, :, :end]
 
 def attention_mask(T: int, past: int, device, packed: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     """Which keys each of T queries sees (True: visible), in the one place where attention's uses differ:

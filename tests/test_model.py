@@ -249,7 +249,7 @@ def test_tied_weights_and_optimizer_groups():
     model = tiny_model(dtype=torch.float32)
     wte = model.transformer.wte.weight
     assert model.lm_head.weight is wte
-    opt = model.configure_optimizers(0.1, 6e-4, "cpu")
+    (opt,) = model.configure_optimizers(0.1, 6e-4, "cpu")  # AdamW alone unless Muon is asked for
     assert isinstance(opt, torch.optim.AdamW)
     assert len(opt.param_groups) == 2
     decay, no_decay = opt.param_groups

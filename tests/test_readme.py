@@ -73,39 +73,40 @@ def test_every_training_command_in_the_readme_parses():
 
 @pytest.mark.slow
 def test_readme_commands_run_at_tiny_settings(tmp_path):
-    """The quick start for real (shortened), then sample.py / plot.py / export_hf.py / hellaswag.py as the README
-    spells them."""
-    cmds = readme_commands()
-    fineweb = next(c for c in cmds if c[:2] == ["python", "fineweb.py"] and "--local" in c)
-    data = tmp_path / "data"
-    fineweb = [sys.executable if a == "python" else str(data) if a == "data/shakespeare" else a for a in fineweb]
-    assert run(fineweb).returncode == 0
-
-    train = next(c for c in cmds if c == ["python", "train_gpt2.py", "--preset", "shakespeare"])
-    log_dir = tmp_path / "log"
-    quick = ["--data_root", str(data), "--log_dir", str(log_dir), "--max_steps", "4", "--eval_interval", "2",
-             "--val_tokens", "1024", "--sample_interval", "4"]
-    result = run([sys.executable] + train[1:] + quick)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "val loss" in result.stdout and "sample:" in result.stdout
-    ckpt = log_dir / "model_00004.pt"
-    assert ckpt.is_file()
+    """The quick start for real (shortened), the BPE smoke run, then sample.py / plot.py / export_hf.py / hellaswag.py
+    as the README spells them (on the BPE checkpoint: HellaSwag is in GPT-2's tokens)."""
+    cmds = readme_commands() + inline_commands(README)
+    quick = ["--max_steps", "4", "--eval_interval", "2", "--val_tokens", "1024", "--sample_interval", "4"]
+    logs = {}
+    for preset, data_name in (("shakespeare_char", "data/shakespeare_char"), ("shakespeare", "data/shakespeare")):
+        fineweb = next(c for c in cmds if c[:2] == ["python", "fineweb.py"] and data_name in c)
+        data, logs[preset] = tmp_path / preset, tmp_path / f"log_{preset}"
+        assert run([sys.executable if a == "python" else str(data) if a == data_name else a for a in fineweb]).returncode == 0
+        train = next(c for c in cmds if c == ["python", "train_gpt2.py", "--preset", preset])
+        result = run([sys.executable] + train[1:] + ["--data_root", str(data), "--log_dir", str(logs[preset])] + quick)
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert "val loss" in result.stdout and "sample:" in result.stdout
+    ckpt = logs["shakespeare"] / "model_00004.pt"
+    assert ckpt.is_file() and (logs["shakespeare_char"] / "model_00004.pt").is_file()
 
     overfit = next(c for c in cmds if "--overfit_batch" in c)
-    result = run([sys.executable] + overfit[1:] + quick[:4] + ["--max_steps", "3"])
+    result = run([sys.executable] + overfit[1:] + ["--data_root", str(tmp_path / "shakespeare"), "--log_dir",
+                                                   str(tmp_path / "overfit"), "--max_steps", "3"])
     assert result.returncode == 0, result.stderr[-2000:]
 
     # our checkpoint stands in for the hub model and for the README's log/model_19073.pt
     subst = {"python": sys.executable, "gpt2": str(ckpt), "log/model_19073.pt": str(ckpt), "cuda": "cpu",
-             "out/gpt2-ours": str(tmp_path / "hf"), "log": str(log_dir)}
+             "out/gpt2-ours": str(tmp_path / "hf"), "log": str(logs["shakespeare"]),
+             "log/shakespeare_char/model_02000.pt": str(logs["shakespeare_char"] / "model_00004.pt")}
     jsonl = tmp_path / "hs.jsonl"
     jsonl.write_text('{"ctx": "The king", "endings": ["speaks.", "sleeps.", "runs away.", "is dead."], "label": 0}\n' * 3)
     ran = set()
     for argv in cmds:
         if argv[:2] in (["python", script] for script in RUN_FOR_REAL):
             argv = [subst.get(a, a) for a in argv]
-            if argv[1] == "sample.py":
-                argv[argv.index("--max_length") + 1] = "12"  # the 8-token prompt and 4 more
+            for flag, value in (("--max_length", "12"), ("--max_new_tokens", "5")):  # short samples
+                if flag in argv:
+                    argv[argv.index(flag) + 1] = value
         elif argv[:2] == ["python", "hellaswag.py"]:
             argv = [subst.get(a, a) for a in argv] + ["--data", str(jsonl)]
         else:
@@ -114,7 +115,7 @@ def test_readme_commands_run_at_tiny_settings(tmp_path):
         assert result.returncode == 0, (argv, result.stderr[-2000:])
         ran.add(argv[1])
     assert ran == {*RUN_FOR_REAL, "hellaswag.py"}
-    assert (log_dir / "curves.png").is_file() and (tmp_path / "hf" / "config.json").is_file()
+    assert (logs["shakespeare"] / "curves.png").is_file() and (tmp_path / "hf" / "config.json").is_file()
 
 
 def inline_commands(text: str) -> list[list[str]]:
