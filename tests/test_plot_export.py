@@ -69,6 +69,20 @@ def test_every_kind_in_the_log_gets_a_panel(tmp_path):
     assert 0 < one.shape[1] < two.shape[1] < three.shape[1]  # 1, 2, 3 panels side by side
 
 
+def test_gpt2_reference_lines_only_for_a_fineweb_edu_run(tmp_path):
+    """header.txt records the data's manifest: GPT-2's FineWeb-Edu val loss and HellaSwag lines are drawn for a
+    FineWeb-Edu run only; on Shakespeare (or unknown data) the panels are the same as with no reference at all."""
+    pngs = {}
+    for dataset in ("fineweb-edu", "local", None):
+        log = write_log(tmp_path / str(dataset))
+        if dataset:
+            (log / "header.txt").write_text(json.dumps({"config": {}}, indent=1) + "\n" +
+                                            json.dumps({"data": {"dataset": dataset}}, indent=1) + "\n")
+        assert plot.run_dataset(log) == dataset
+        pngs[dataset] = plot.curves_png(log)
+    assert pngs["local"] == pngs[None] != pngs["fineweb-edu"]
+
+
 def test_curves_need_a_log(tmp_path):
     with pytest.raises(FileNotFoundError, match="log.txt does not exist"):
         plot.curves_png(tmp_path)
