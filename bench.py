@@ -851,12 +851,15 @@ def main(argv: Optional[list[str]] = None) -> dict:
             failures.append(f"compare: fp32 train losses differ by {r['max_rel_loss_diff']:.1e} relative "
                             f"(tolerance {r['rtol']:.0e})")
     results["failures"] = failures
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    train_gpt2.atomic_write(Path(args.json), lambda f: f.write(json.dumps(results, indent=1).encode() + b"\n"))
     print(header)
     print("=" * len(header))
     print("\n\n".join(tables))
     times = ", ".join(f"{name} {r['section_seconds']:.0f} s" for name, r in results["sections"].items())
+    try:  # after the tables: a full disk loses the file, not the numbers
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        train_gpt2.atomic_write(Path(args.json), lambda f: f.write(json.dumps(results, indent=1).encode() + b"\n"))
+    except OSError as e:
+        sys.exit(f"bench.py: error: could not write {args.json} ({e.strerror or e}); the tables above are the results")
     print(f"\nwall time: {times}; wrote {args.json}")
     if failures:
         sys.exit("bench.py: " + "; ".join(failures))

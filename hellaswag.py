@@ -125,6 +125,8 @@ def check_example(example) -> None:
 def read_jsonl(path: str | os.PathLike) -> list[dict]:
     """Validated examples of a HellaSwag jsonl file; ValueError with file:line for anything malformed."""
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"HellaSwag data file {path} is a directory, not a file")
     if not path.is_file():
         raise FileNotFoundError(f"HellaSwag data file {path} does not exist")
     examples = []

@@ -669,7 +669,8 @@ def evaluate_val_loss(model: GPT, shards: list[np.ndarray], names: list[str], va
                       rt: Runtime, dtype: str, vocab_size: Optional[int] = None) -> float:
     """Mean loss of the first val_tokens targets of the val split, its first val_tokens/T windows of T+1 tokens;
     window i is scored by rank i % world, so the tokens are the same for any world size or batch size."""
-    if val_tokens <= 0 or val_tokens % T or val_tokens // T > len(seqs := windows([len(s) for s in shards], T)):
+    seqs = windows([len(s) for s in shards], T)
+    if val_tokens <= 0 or val_tokens % T or val_tokens // T > len(seqs):
         raise ValueError(f"val_tokens ({val_tokens}) must be a positive multiple of seq_len ({T}) and fit the val split "
                          f"({len(seqs)} sequences of {T} tokens)")
     model.eval()

@@ -169,6 +169,7 @@ CASES = [
     hellaswag("--model with a smaller vocabulary than GPT-2's", "ok.jsonl", "other_shape.pt", "--device", "cpu",
               message="vocab"),
     hellaswag("unknown device", "ok.jsonl", "other_shape.pt", "--device", "tpu", message="tpu"),
+    hellaswag("--data that is a directory", "texts", "other_shape.pt", message="texts is a directory, not a file"),
     hellaswag("--model trained on another tokenizer", "ok.jsonl", "char_model.pt", "--device", "cpu",
               message="was trained with the char tokenizer; HellaSwag needs GPT-2's"),
     # bench.py
@@ -178,6 +179,10 @@ CASES = [
     Case("bench.py", "--device cuda without a GPU", ("--device", "cuda"), "CUDA is not available on this machine", cpu_only=True),
     Case("bench.py", "a float option that is not finite", ("--peak_flops", "nan"),
          "argument --peak_flops: expected a finite number, got 'nan'"),
+    Case("bench.py", "a full disk for --json", ("--only", "train", "--n_layer", "1", "--n_head", "1", "--n_embd", "8",
+         "--vocab_size", "16", "--block_size", "8", "--seq_len", "8", "--batch_size", "1", "--steps", "1",
+         "--warmup_steps", "0", "--json", "{out}.json"), "(File too large); the tables above are the results",
+         file_size_limit=100),
     Case("bench.py", "--json in a directory that is a file",
          ("--only", "train", "--n_layer", "1", "--n_head", "1", "--n_embd", "8", "--vocab_size", "16", "--block_size",
           "8", "--seq_len", "8", "--batch_size", "1", "--steps", "1", "--warmup_steps", "0", "--json",

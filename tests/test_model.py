@@ -606,18 +606,13 @@ def test_loss_never_holds_full_logits():
         assert (largest.numel <= chunk * V and max(saved) <= max(N * C, V * C)) == bounded
 
 
-@pytest.mark.slow
-def test_chunked_loss_under_torch_compile():
-    """dynamo traces the autograd.Function (no graph break); compiled loss and gradients equal eager ones."""
+def test_chunked_loss_traces_without_a_graph_break():
+    """dynamo traces the autograd.Function whole (tests/test_compile.py compares compiled training with eager)."""
     torch._dynamo.reset()
     model = randomize_(tiny_model(dtype=torch.float32), scale=0.2)
     idx, targets = rand_idx(40, 32, seed=1), rand_idx(40, 32, seed=2)
     targets[0, :7] = -100
     assert torch._dynamo.explain(model)(idx, targets).graph_break_count == 0
-    want = torch.autograd.grad(model(idx, targets)[1], list(model.parameters()))
-    loss = torch.compile(model)(idx, targets)[1]
-    for a, b in zip(torch.autograd.grad(loss, list(model.parameters())), want):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
 # ----------------------------------------------------------------------------------------------------------
