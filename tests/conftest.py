@@ -5,6 +5,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -21,3 +23,17 @@ for key, value in {
     "TOKENIZERS_PARALLELISM": "false",
 }.items():
     os.environ[key] = value
+# pytest -n 2 runs two test processes on a 2-core machine: one thread each, or torch's threads fight over the cores.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+
+
+@pytest.fixture
+def one_thread():
+    """Bit-level comparisons across runs in one process assume the same kernels and thread count."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

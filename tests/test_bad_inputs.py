@@ -3,7 +3,8 @@ message that says what is wrong, and no traceback is printed. One case per row o
 
 Each case is a real process of one of the project's programs (train_gpt2.py, sample.py, ...) on small files made
 here. Most fail before a model is built, so a case costs about an interpreter and a torch import; the
-selected cases are started two at a time when the first one runs, and each test waits for its own.
+selected cases are started two at a time when the first one runs, and each test waits for its own (under
+`pytest -n 2 --dist loadgroup` they all run in one worker).
 """
 
 import dataclasses
@@ -306,6 +307,7 @@ def outcomes(request, tmp_path_factory) -> dict:
     os.close(busy)
 
 
+@pytest.mark.xdist_group("bad_inputs")  # under pytest -n, every case in one worker: `outcomes` starts them all there
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.id, marks=pytest.mark.skip(reason=skip_reason(c)) if skip_reason(c)
                                                else ()) for c in CASES])
 def test_bad_input_is_rejected_clearly(case, outcomes):

@@ -23,6 +23,7 @@ from train_gpt2 import checkpoint_paths
 from helpers import child_env, measured
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: one torch thread for every test here
 RUN = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=64, seq_len=16, batch_size=2,
            total_batch_size=64, warmup_steps=1, max_lr=3e-3, eval_interval=2, val_tokens=64, device="cpu",
            dtype="float32", compile="false", hellaswag_interval=0, sample_interval=0)
@@ -53,14 +54,6 @@ def data(tmp_path_factory) -> Path:
     np.save(root / "x_val_000000.npy", rng.integers(0, 64, 512).astype(np.uint16))
     np.save(root / "x_train_000001.npy", rng.integers(0, 64, 3000).astype(np.uint16))
     return root
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 def error_of(argv) -> str:

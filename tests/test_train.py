@@ -26,6 +26,7 @@ from train_gpt2 import PRESETS, Runtime, TrainConfig, get_lr, parse_train_args, 
 from helpers import child_env, measured
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: one torch thread for every test here
 VOCAB = 96
 MODEL = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=VOCAB)
 OFFLINE = dict(hellaswag_interval=0, sample_interval=0, device="cpu", dtype="float32", compile="false")
@@ -137,15 +138,6 @@ def small_data(tmp_path_factory) -> Path:
     """Two short train shards (100 + 150 tokens): a 64-token step wraps the epoch every 3 steps and reads
     across the shard boundary."""
     return make_shards(tmp_path_factory.mktemp("small_shards"), train_sizes=(100, 150))
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Bit-level comparisons across runs in one process assume the same kernels and thread count."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 # ----------------------------------------------------------------------------------------------------------
