@@ -859,7 +859,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         train_gpt2.atomic_write(Path(args.json), lambda f: f.write(json.dumps(results, indent=1).encode() + b"\n"))
     except OSError as e:
-        sys.exit(f"bench.py: error: could not write {args.json} ({e.strerror or e}); the tables above are the results")
+        sys.exit(f"bench.py: error: could not write {args.json} ({train_gpt2.write_error(e)}); the tables above are the results")
     print(f"\nwall time: {times}; wrote {args.json}")
     if failures:
         sys.exit("bench.py: " + "; ".join(failures))

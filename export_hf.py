@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from train_gpt2 import EOT_TOKEN, GPT2_VOCAB_SIZE, HF_TRANSPOSED, GPTConfig, load_checkpoint
+from train_gpt2 import EOT_TOKEN, GPT2_VOCAB_SIZE, HF_TRANSPOSED, GPTConfig, load_checkpoint, write_error
 
 
 def to_hf_state_dict(our_sd: dict, keep_vocab: Optional[int] = None) -> dict:
@@ -57,7 +57,7 @@ def export_hf(checkpoint_path: str | os.PathLike, out_dir: str | os.PathLike) ->
         hf.save_pretrained(tmp)
         os.replace(tmp, out)
     except Exception as e:  # an OSError, or safetensors' own error when the disk is full
-        raise OSError(f"could not write {out} ({str(e).strip().splitlines()[-1]}); nothing was left behind") from None
+        raise OSError(f"could not write {out} ({write_error(e)}); nothing was left behind") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out

@@ -52,9 +52,6 @@ DEFAULT_OUT_DIR = HERE / "edu_fineweb10B"
 DEFAULT_PREFIX = "edufineweb"
 DEFAULT_SHARD_SIZE = 100_000_000
 MANIFEST = "manifest.json"
-# Made before the first shard and removed after the manifest: a run killed outright (kill -9, power loss) leaves
-# it behind, and train_gpt2.py then refuses the partial corpus instead of training on it.
-IN_PROGRESS = ".fineweb_incomplete"
 DTYPE = np.uint16  # GPT-2 ids are < 50257 < 2**16: half the disk and RAM of int32
 LOCAL_EXTENSIONS = (".txt", ".jsonl", ".parquet")
 TOKENIZERS = ("gpt2", "char")
@@ -269,9 +266,9 @@ def batch_documents(
 
 
 def _train_gpt2():
-    """train_gpt2 (tokenizers, shard names, atomic writes), imported on first use rather than at the top: it
-    imports torch (~2 s), and every spawned worker re-imports this module; workers receive the encoding itself
-    instead (see _init_worker)."""
+    """train_gpt2 (tokenizers, shard names, the unfinished-output marker, atomic writes), imported on first use
+    rather than at the top: it imports torch (~2 s), and every spawned worker re-imports this module; workers
+    receive the encoding itself instead (see _init_worker)."""
     import train_gpt2
 
     return train_gpt2
@@ -503,7 +500,7 @@ def find_outputs(out_dir: str | os.PathLike, prefix: str) -> tuple[list[Path], l
         m = _train_gpt2().SHARD_NAME.fullmatch(path.name)
         if m:
             (ours if m["prefix"] == prefix else others).append(path)
-        elif path.name in (MANIFEST, IN_PROGRESS) or (
+        elif path.name in (MANIFEST, _train_gpt2().FINEWEB_INCOMPLETE) or (
             path.name.startswith((f".{prefix}_", f".{MANIFEST}.tmp")) and ".tmp" in path.name  # left by a killed run
         ):
             ours.append(path)
@@ -608,7 +605,7 @@ def run_pipeline(
         bar = tqdm(unit="tok", unit_scale=True, desc=f"tokenizing -> {prefix}", smoothing=0.1)
     t0 = time.perf_counter()
     Path(out_dir).mkdir(parents=True, exist_ok=True)
-    (Path(out_dir) / IN_PROGRESS).touch()
+    (Path(out_dir) / _train_gpt2().FINEWEB_INCOMPLETE).touch()  # train_gpt2.py refuses the dir until the manifest
     stream = tokenize_documents(docs, enc, workers, start_method)
     try:
         for arrays in stream:
@@ -621,7 +618,7 @@ def run_pipeline(
         manifest = build_manifest(writer, enc, source or {})
         manifest["seconds"] = round(time.perf_counter() - t0, 3)
         write_manifest(out_dir, manifest)
-        (Path(out_dir) / IN_PROGRESS).unlink()
+        (Path(out_dir) / _train_gpt2().FINEWEB_INCOMPLETE).unlink()
     except BaseException:
         remove_outputs(out_dir, prefix)
         raise

@@ -94,14 +94,14 @@ def curves_png(log_dir: str | os.PathLike) -> bytes:
 
 def write_curves(log_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> Path:
     """Draw log_dir/log.txt into `out` (default log_dir/curves.png), atomically: a viewer never sees half a PNG."""
-    from train_gpt2 import atomic_write  # here, not at the top: see the module docstring
+    from train_gpt2 import atomic_write, write_error  # here, not at the top: see the module docstring
 
     png = curves_png(log_dir)
     out = Path(log_dir) / "curves.png" if out is None else Path(out)
     try:
         atomic_write(out, lambda f: f.write(png))
     except OSError as e:  # a full disk, a directory that is not there: the old curves.png, if any, is intact
-        raise OSError(f"could not write {out} ({e.strerror or e})") from None
+        raise OSError(f"could not write {out} ({write_error(e)})") from None
     return out
 
 

@@ -38,7 +38,7 @@ def main(argv=None):
         model, enc = train_gpt2.load_model(args.init_from, device)  # a checkpoint knows its tokenizer
         new_tokens = args.max_new_tokens
         if new_tokens is None:  # --max_length (default 30) counts the prompt's tokens too
-            prompt_len = len(enc.encode(args.prompt, allowed_special="all") or [enc.eot_token])
+            prompt_len = len(train_gpt2.prompt_ids(enc, args.prompt))
             new_tokens = (args.max_length or 30) - prompt_len
             if new_tokens <= 0:
                 raise ValueError(f"the prompt is {prompt_len} tokens: --max_length {args.max_length or 30} leaves "

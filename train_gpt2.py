@@ -120,7 +120,7 @@ class TrainConfig:
 
     def __post_init__(self):
         positive = ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "seq_len", "total_batch_size", "max_steps",
-                    "sample_length")
+                    "sample_length", "lr_decay_steps")
         for name, value in dataclasses.asdict(self).items():
             if isinstance(value, float) and not math.isfinite(value):  # NaN would pass every test below
                 raise ValueError(f"--{name} must be a finite number, got {value}")
@@ -493,6 +493,9 @@ def tokenizer_from_manifest(info: dict):
 # The shard names fineweb.py writes and this file reads; one definition for both. Shard 000000 is val.
 SHARD_NAME = re.compile(r"(?P<prefix>[^.].*)_(?P<split>val|train)_(?P<index>\d{6})\.npy")  # [^.]: not a temp file
 
+# Made by fineweb.py before its first shard, removed after manifest.json: a run killed outright leaves it behind.
+FINEWEB_INCOMPLETE = ".fineweb_incomplete"
+
 def shard_name(prefix: str, index: int) -> str:
     return f"{prefix}_{'val' if index == 0 else 'train'}_{index:06d}.npy"
 
@@ -513,7 +516,7 @@ def find_shards(data_root: str | os.PathLike) -> tuple[dict[str, list[Path]], Op
                 manifest, None
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise ValueError(f"{root}/manifest.json is not fineweb.py's manifest ({e}); re-run fineweb.py") from None
-    if partial := sorted(p.name for p in root.iterdir() if p.name == ".fineweb_incomplete" or p.name[0] == "."
+    if partial := sorted(p.name for p in root.iterdir() if p.name == FINEWEB_INCOMPLETE or p.name[0] == "."
                          and ".tmp" in p.name):  # fineweb.py's marker, or its temp files: it was killed mid-run
         raise ValueError(f"{root} has no manifest.json and holds an unfinished fineweb.py output ({partial[0]}); "
                          f"finish it with `python fineweb.py ... --out_dir {root} --overwrite`")
@@ -675,15 +678,22 @@ def evaluate_val_loss(model: GPT, shards: list[np.ndarray], names: list[str], va
                          f"({len(seqs)} sequences of {T} tokens)")
     model.eval()
     sums = torch.zeros(2, dtype=torch.float64, device=rt.device)  # loss summed over tokens, tokens
-    for i in range(rt.rank, val_tokens // T, B * rt.world_size):
-        rows = torch.stack([read_window(shards, names, *w, T + 1, vocab_size) for w in seqs[i : val_tokens // T : rt.world_size][:B]])
+    mine = seqs[rt.rank : val_tokens // T : rt.world_size]  # this rank's windows
+    for i in range(0, len(mine), B):
+        rows = torch.stack([read_window(shards, names, *w, T + 1, vocab_size) for w in mine[i : i + B]]).to(rt.device)
         with autocast_context(rt.device_type, dtype):
-            _, loss = model(rows[:, :-1].to(rt.device), rows[:, 1:].to(rt.device))  # the training loss itself
-        sums += torch.tensor([loss.item() * rows[:, 1:].numel(), rows[:, 1:].numel()], dtype=torch.float64, device=rt.device)
+            _, loss = model(rows[:, :-1], rows[:, 1:])  # the training loss itself
+        sums[0] += loss.double() * rows[:, 1:].numel()  # summed on the device: no host sync per batch
+        sums[1] += rows[:, 1:].numel()
     if rt.ddp:
         dist.all_reduce(sums)
     model.train()
     return (sums[0] / sums[1]).item()
+
+def prompt_ids(enc, prompt: str) -> list[int]:
+    """A prompt's token ids: <|endoftext|> is GPT-2's special token; an empty prompt is <|endoftext|> alone (a
+    tokenizer without one, like characters, has no ids for it)."""
+    return enc.encode(prompt, allowed_special="all") or ([enc.eot_token] if enc.eot_token is not None else [])
 
 def sample_texts(model: GPT, enc, prompt: str, num_samples: int, max_new_tokens: int, top_k: Optional[int],
                  temperature: float, seed: int, device: str) -> list[str]:
@@ -692,7 +702,7 @@ def sample_texts(model: GPT, enc, prompt: str, num_samples: int, max_new_tokens:
     if model.config.vocab_size < enc.n_vocab:
         raise ValueError(f"the model's vocabulary ({model.config.vocab_size} ids) is smaller than the {enc.name} "
                          f"tokenizer's ({enc.n_vocab}): it was not trained on these ids")
-    ids = enc.encode(prompt, allowed_special="all") or ([enc.eot_token] if enc.eot_token is not None else [])
+    ids = prompt_ids(enc, prompt)
     if not 0 < len(ids) < model.config.block_size:
         raise ValueError(f"the prompt is {len(ids)} tokens; the model needs 1 to {model.config.block_size - 1}")
     was_training = model.training
@@ -1055,9 +1065,7 @@ def save_checkpoint(run: Run, val_loss: Optional[float]) -> Path:
         try:
             atomic_write(path, lambda f: torch.save(ckpt, f))
         except (OSError, RuntimeError) as e:  # a full disk, most often (torch wraps the OSError in a RuntimeError)
-            cause = e if isinstance(e, OSError) else e.__context__
-            reason = cause.strerror if isinstance(cause, OSError) else str(e).splitlines()[0]
-            raise OSError(f"could not write {path} ({reason}); earlier checkpoints are intact: free some space, then "
+            raise OSError(f"could not write {path} ({write_error(e)}); earlier checkpoints are intact: free some space, then "
                           "rerun with --resume auto") from None
         if run.cfg.keep_last:  # the oldest checkpoints of this lineage only
             for old in checkpoint_paths(run.cfg.log_dir, run.lineage["suffix"])[: -run.cfg.keep_last]:
@@ -1199,6 +1207,14 @@ def restore_rng_state(state: dict):
     torch.set_rng_state(state["torch"])
     if state["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+def write_error(e: BaseException) -> str:
+    """Why a write failed, in a few words: the OSError's own text (also inside the error that torch.save or
+    safetensors raise around it), else the last line of the message."""
+    cause = e if isinstance(e, OSError) else e.__context__
+    if isinstance(cause, OSError) and cause.strerror:
+        return cause.strerror
+    return (str(e).strip().splitlines() or [type(e).__name__])[-1]
 
 def atomic_write(path: Path, write):
     """write(f) into a temp file beside `path`, fsync, then rename: a crash never leaves a truncated file."""

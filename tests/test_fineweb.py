@@ -733,7 +733,7 @@ def test_a_run_killed_outright_is_refused_by_the_trainer(tmp_path, big_corpus):
     with pytest.raises(ValueError, match="has no manifest.json and holds an unfinished fineweb.py output"):
         train_gpt2.find_shards(out)
     ours, _ = fineweb.find_outputs(out, "big")
-    assert out / fineweb.IN_PROGRESS in ours  # what --overwrite removes
+    assert out / train_gpt2.FINEWEB_INCOMPLETE in ours  # what --overwrite removes
 
 
 def test_import_has_no_side_effects_and_no_torch():

@@ -473,6 +473,7 @@ CLI_ERRORS = {
     "seq_len > block_size": (["--seq_len", "64"], 2, "exceeds --block_size"),
     "zero batch": (["--batch_size", "0"], 2, "--batch_size must be positive"),
     "negative steps": (["--max_steps", "-3"], 2, "--max_steps must be positive"),
+    "zero decay steps": (["--lr_decay_steps", "0"], 2, "--lr_decay_steps must be positive"),
     "missing data": (["--data_root", "{missing}"], 1, "fineweb.py"),
     "vocab too small": (["--vocab_size", "50"], 1, "vocab_size"),
     "val split too short": (["--val_tokens", "8192"], 1, "val_tokens"),
