@@ -404,7 +404,7 @@ def bench_loader(args, device: str) -> dict:
             root = Path(tmp) / f"n{n_tokens}"
             root.mkdir()
             rng = np.random.default_rng(args.seed)
-            shard = [root / f"bench_train_{1:06d}.npy"]
+            shard = [root / train_gpt2.shard_name("bench", 1)]
             np.save(shard[0], rng.integers(0, train_gpt2.GPT2_VOCAB_SIZE, n_tokens, dtype=np.uint16))
             del rng
             progress(f"loader: {n_tokens:,}-token shard, B={B} T={T}")

@@ -161,19 +161,27 @@ def load_for_training(data: Optional[str], limit: int, rank: int, world_size: in
     """(examples, '') for a training run's in-loop evaluation, or ([], why not) on every rank alike (e.g. offline),
     so that all ranks take part in evaluate() or none does. Rank 0 reads (downloads) first: the file is fetched once."""
     examples, error = [], ""
-    for turn in (0, 1):
-        if (rank == 0) == (turn == 0):
-            try:
-                examples = load_examples("val", data=data)[: limit or None]
-            except (FileNotFoundError, OSError, ValueError) as e:
-                error = str(e)
-        if world_size > 1:
-            torch.distributed.barrier()
-    if world_size > 1:
-        failed = torch.tensor([bool(error)], dtype=torch.long, device=device)
-        torch.distributed.all_reduce(failed)
-        error = error or ("unavailable on another rank" if failed.item() else "")
-    return ([], error) if error else (examples, "")
+    if world_size > 1 and rank:
+        torch.distributed.barrier()  # the others wait until rank 0 has read
+    try:
+        examples = load_examples("val", data=data)[: limit or None]
+    except (OSError, ValueError) as e:
+        error = str(e)
+    if world_size > 1 and not rank:
+        torch.distributed.barrier()
+    if any_rank(bool(error), world_size, device):
+        return [], error or "unavailable on another rank"
+    return examples, ""
+
+
+def any_rank(flag: bool, world_size: int, device) -> bool:
+    """True on every rank if it is True on any: a rank that gave up alone would leave the others waiting forever
+    in the next collective, so they fail together."""
+    if world_size == 1:
+        return flag
+    t = torch.tensor([flag], dtype=torch.long, device=device)
+    torch.distributed.all_reduce(t)
+    return bool(t.item())
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -419,14 +427,8 @@ def evaluate(
         rendered = _render_all([examples[i] for i in indices], indices, config.block_size, config.vocab_size, enc)
     except ValueError as e:
         error = e
-    if world_size > 1:
-        # A rank that raised alone would leave the others waiting forever in all_reduce: fail together.
-        failed = torch.tensor([error is not None], dtype=torch.long, device=device)
-        torch.distributed.all_reduce(failed)
-        if failed.item() and error is None:
-            error = ValueError("HellaSwag examples failed validation on another rank (see its error)")
-    if error is not None:
-        raise error
+    if any_rank(error is not None, world_size, device):
+        raise error or ValueError("HellaSwag examples failed validation on another rank (see its error)")
     sum_loss, mean_loss = _score_rendered(model, rendered, device, batch_size, autocast_dtype, enc.n_vocab, progress)
     labels = torch.tensor([label for _, _, label in rendered], dtype=torch.long)
     correct = (sum_loss.argmin(dim=1) == labels).sum()

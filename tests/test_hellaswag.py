@@ -236,6 +236,29 @@ def test_ddp_two_ranks_equal_single_process(assets, single):
         assert json.loads((tmp / f"rank{rank}.json").read_text()) == single
 
 
+def _load_worker(rank, world_size, init_file, data, out_dir):
+    import hellaswag as hs
+
+    torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+    try:
+        good = hs.load_for_training(data, 2, rank, world_size, "cpu")
+        bad = hs.load_for_training(data if rank == 0 else data + ".missing", 2, rank, world_size, "cpu")
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps([[len(good[0]), good[1]], [len(bad[0]), bad[1]]]))
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_loading_for_training_succeeds_or_gives_up_on_every_rank_alike(assets):
+    """A rank that cannot read the examples makes every rank skip HellaSwag (none waits in a collective alone)."""
+    tmp = assets["tmp"] / "ddp_load"
+    tmp.mkdir()
+    torch.multiprocessing.spawn(_load_worker, args=(2, str(tmp / "init"), str(assets["data"]), str(tmp)), nprocs=2,
+                                join=True)
+    (good0, bad0), (good1, bad1) = (json.loads((tmp / f"rank{r}.json").read_text()) for r in range(2))
+    assert good0 == good1 == [2, ""]
+    assert bad0 == [0, "unavailable on another rank"] and bad1[0] == 0 and "does not exist" in bad1[1]
+
+
 def test_context_longer_than_block_size_is_an_error(assets):
     long = {"ctx": " ".join(["word"] * 100), "endings": ["a", "b", "c", "d"], "label": 0}
     with pytest.raises(ValueError, match="block_size 64"):
