@@ -677,13 +677,14 @@ def evaluate_val_loss(model: GPT, shards: list[np.ndarray], names: list[str], va
         raise ValueError(f"val_tokens ({val_tokens}) must be a positive multiple of seq_len ({T}) and fit the val split "
                          f"({len(seqs)} sequences of {T} tokens)")
     model.eval()
-    sums = torch.zeros(2, dtype=torch.float64, device=rt.device)  # loss summed over tokens, tokens
+    exact = torch.float32 if rt.device_type == "mps" else torch.float64  # MPS has no float64
+    sums = torch.zeros(2, dtype=exact, device=rt.device)  # loss summed over tokens, tokens
     mine = seqs[rt.rank : val_tokens // T : rt.world_size]  # this rank's windows
     for i in range(0, len(mine), B):
         rows = torch.stack([read_window(shards, names, *w, T + 1, vocab_size) for w in mine[i : i + B]]).to(rt.device)
         with autocast_context(rt.device_type, dtype):
             _, loss = model(rows[:, :-1], rows[:, 1:])  # the training loss itself
-        sums[0] += loss.double() * rows[:, 1:].numel()  # summed on the device: no host sync per batch
+        sums[0] += loss.to(exact) * rows[:, 1:].numel()  # summed on the device: no host sync per batch
         sums[1] += rows[:, 1:].numel()
     if rt.ddp:
         dist.all_reduce(sums)

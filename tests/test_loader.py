@@ -4,6 +4,7 @@ and shuffled, over simulated ranks, exactly-once epochs, resume), the errors, me
 Shards are written here, not by fineweb.py: np.save of uint16 arrays whose tokens count up (0, 1, 2, ...) through
 the whole split, so a token's value is its position in the split and every batch says where it was read from."""
 
+import dataclasses
 import json
 import tracemalloc
 
@@ -336,3 +337,25 @@ def test_val_token_id_out_of_vocab(tiny_gpt, val_shards):
     shards, names, _ = val_shards
     with pytest.raises(ValueError, match="vocab_size 32 in a"):
         evaluate_val_loss(tiny_gpt, shards, names, VAL_SEQS * VAL_T, 2, VAL_T, rt(), "float32", vocab_size=32)
+
+
+@pytest.mark.parametrize("device_type", ["cpu", "mps"])
+def test_val_loss_makes_no_float64_tensor_on_mps(tiny_gpt, val_shards, device_type):
+    """MPS has no float64: there the sums are float32 (every op's output dtype is recorded; the tensors stay on the
+    CPU, only the runtime says mps). The loss agrees with the float64 sums to float32 rounding."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Dtypes(TorchDispatchMode):
+        seen = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            self.seen.update(t.dtype for t in (out if isinstance(out, (tuple, list)) else [out]) if isinstance(t, torch.Tensor))
+            return out
+
+    shards, names, tokens = val_shards
+    runtime = dataclasses.replace(rt(), device_type=device_type)
+    with Dtypes() as mode:
+        loss = evaluate_val_loss(tiny_gpt, shards, names, VAL_SEQS * VAL_T, 3, VAL_T, runtime, "float32")
+    assert (torch.float64 in mode.seen) == (device_type == "cpu"), mode.seen
+    assert loss == pytest.approx(per_sequence_losses(tiny_gpt, tokens).mean().item(), rel=1e-5)
