@@ -1,6 +1,8 @@
 """Test set-up: offline hubs, caches in a temp dir, the project root importable."""
 
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -12,6 +14,8 @@ sys.path.insert(0, str(ROOT))
 
 # Before anything imports transformers/datasets: never wait on the network, never write to ~/.cache.
 _CACHE = tempfile.mkdtemp(prefix="gpt2-test-cache-")
+atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)  # this test process's; nothing is left in /tmp
+os.makedirs(os.path.join(_CACHE, "tmp"))
 for key, value in {
     "HF_HUB_OFFLINE": "1",
     "HF_DATASETS_OFFLINE": "1",
@@ -21,6 +25,7 @@ for key, value in {
     "MPLCONFIGDIR": os.path.join(_CACHE, "mpl"),
     "TORCHINDUCTOR_CACHE_DIR": os.path.join(_CACHE, "inductor"),
     "TOKENIZERS_PARALLELISM": "false",
+    "TMPDIR": os.path.join(_CACHE, "tmp"),  # what the programs the tests start leave there (torchrun's logs) goes too
 }.items():
     os.environ[key] = value
 # pytest -n 2 runs two test processes on a 2-core machine: one thread each, or torch's threads fight over the cores.

@@ -2,17 +2,16 @@
 message that says what is wrong, and no traceback is printed. One case per row of the README's "Bad inputs" table.
 
 Each case is a real process of one of the project's programs (train_gpt2.py, sample.py, ...) on small files made
-here. Most fail before a model is built, so a case costs about an interpreter and a torch import; the
-selected cases are started two at a time when the first one runs, and each test waits for its own (under
-`pytest -n 2 --dist loadgroup` they all run in one worker).
+here, forked by tests/launcher.py from a process that has imported torch already (most cases fail before a model
+is built: an interpreter and a torch import would be nearly all of their cost). The selected cases are started two
+at a time when the first one runs, and each test waits for its own (under `pytest -n 2 --dist loadgroup` they all
+run in one worker).
 """
 
 import dataclasses
 import fcntl
 import json
 import os
-import resource
-import signal
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -23,6 +22,7 @@ import pytest
 import torch
 
 from train_gpt2 import GPT, GPTConfig
+import launcher
 from helpers import child_env, many_characters
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -274,12 +274,8 @@ def command(case: Case, d: Path, out: Path) -> list[str]:
 
 
 def run_case(case: Case, d: Path, out: Path) -> subprocess.CompletedProcess:
-    def limit_file_size():
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG), as on a full disk
-        resource.setrlimit(resource.RLIMIT_FSIZE, (case.file_size_limit, case.file_size_limit))
-
-    return subprocess.run(command(case, d, out), cwd=ROOT, env=child_env(), capture_output=True, text=True,
-                          timeout=TIMEOUT, preexec_fn=limit_file_size if case.file_size_limit else None)
+    return launcher.run(command(case, d, out), cwd=ROOT, env=child_env(), timeout=TIMEOUT,
+                        file_size_limit=case.file_size_limit)
 
 
 def skip_reason(case: Case) -> str:

@@ -2,7 +2,6 @@
 helpers. No timing is asserted: the machine is shared, only the shape of the output is."""
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -12,6 +11,8 @@ import pytest
 import torch
 
 import bench
+import launcher
+from helpers import child_env
 import train_gpt2
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,8 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.slow
 def test_quick_run_prints_tables_and_writes_json(tmp_path):
     out = tmp_path / "out" / "bench.json"  # a directory that does not exist yet
-    proc = subprocess.run([sys.executable, "bench.py", "--quick", "--json", str(out)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=540, env=os.environ.copy())
+    proc = launcher.run([sys.executable, "bench.py", "--quick", "--json", str(out)], cwd=ROOT, env=child_env(), timeout=540)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     text = proc.stdout
     header = text.splitlines()[0]

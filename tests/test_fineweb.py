@@ -4,7 +4,6 @@ import hashlib
 import json
 import os
 import pickle
-import resource
 import signal
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import psutil
 import pytest
 
 import fineweb
+import launcher
 from helpers import child_env, many_characters
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -416,8 +416,7 @@ def test_char_refuses_more_characters_than_uint16_holds(tmp_path):
 
 
 def run_cli(*args, cwd=ROOT):
-    return subprocess.run([sys.executable, str(ROOT / "fineweb.py"), *map(str, args)], cwd=cwd,
-                          capture_output=True, text=True, timeout=120)
+    return launcher.run([sys.executable, str(ROOT / "fineweb.py"), *args], cwd=cwd, env=child_env(), timeout=120)
 
 
 def assert_error(proc, message, code=1):
@@ -584,14 +583,10 @@ def test_cli_read_only_out_dir(tmp_path):
 def test_cli_full_disk_removes_what_was_written(tmp_path):
     # RLIMIT_FSIZE caps each file the child writes, root's too: input.txt's val shard (~82 kB) fits, its train
     # shard (~600 kB) fails part-way, as on a full disk.
-    def limit_file_size():
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of killing the process
-        resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
-
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, str(ROOT / "fineweb.py"), "--local", str(ROOT / "input.txt"), "--out_dir",
-                           str(out), "--workers", "1", "--no_progress"], cwd=ROOT, env=child_env(),
-                          preexec_fn=limit_file_size, capture_output=True, text=True, timeout=120)
+    proc = launcher.run([sys.executable, str(ROOT / "fineweb.py"), "--local", str(ROOT / "input.txt"), "--out_dir",
+                         str(out), "--workers", "1", "--no_progress"], cwd=ROOT, env=child_env(), timeout=120,
+                        file_size_limit=200_000)  # the write fails with EFBIG instead of killing the process
     assert_error(proc, f"cannot write {out}/input_train_000001.npy (File too large); free some space")
     assert not any(out.iterdir())  # the val shard was written, then removed; no temp file
 

@@ -5,7 +5,6 @@ import json
 import os
 import random
 import re
-import subprocess
 import sys
 import urllib.error
 from pathlib import Path
@@ -14,6 +13,7 @@ import pytest
 import torch
 
 import hellaswag
+import launcher
 from train_gpt2 import get_tokenizer, load_model
 from helpers import child_env
 
@@ -365,10 +365,7 @@ def test_truncated_download_is_not_cached(tmp_path, monkeypatch, assets):
 
 
 def run_cli(*args):
-    return subprocess.run(
-        [sys.executable, str(ROOT / "hellaswag.py"), *map(str, args)],
-        capture_output=True, text=True, env=child_env(), cwd=ROOT, timeout=300,
-    )
+    return launcher.run([sys.executable, str(ROOT / "hellaswag.py"), *args], cwd=ROOT, env=child_env(), timeout=300)
 
 
 def final_line(stdout: str) -> tuple[int, float, float]:

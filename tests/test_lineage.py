@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 
+import launcher
 import train_gpt2
 from train_gpt2 import checkpoint_paths
 from helpers import child_env, measured
@@ -161,7 +162,7 @@ def test_second_process_stops_at_once_and_a_killed_run_leaves_no_lock(data, tmp_
         while not names(log) if log.is_dir() else True:
             assert first.poll() is None and time.monotonic() < deadline, first.communicate()
             time.sleep(0.05)
-        second = subprocess.run(cmd, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=120)
+        second = launcher.run(cmd, cwd=ROOT, env=child_env(), timeout=120)
         assert second.returncode == 1 and second.stderr.count("\n") == 1, second.stderr
         assert f"is in use by another run (pid {first.pid}: " in second.stderr and "train_gpt2.py" in second.stderr
         first.send_signal(signal.SIGKILL)
@@ -170,8 +171,7 @@ def test_second_process_stops_at_once_and_a_killed_run_leaves_no_lock(data, tmp_
         if first.poll() is None:
             first.kill()
     end = int(names(log)[-1][6:11]) + 2  # two steps past the newest checkpoint the killed run left
-    resumed = subprocess.run([*cmd, "--max_steps", str(end), "--resume", "auto"], cwd=ROOT, env=child_env(),
-                             capture_output=True, text=True, timeout=300)
+    resumed = launcher.run([*cmd, "--max_steps", str(end), "--resume", "auto"], cwd=ROOT, env=child_env(), timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "resumed from" in resumed.stdout and f"model_{end:05d}.pt" in names(log)
 
@@ -237,20 +237,13 @@ def test_paths_of_the_wrong_kind(data, tmp_path):
 def test_a_full_disk_while_checkpointing_is_one_line_and_loses_nothing(data, tmp_path):
     """RLIMIT_FSIZE below a checkpoint's size stands in for a full disk: the resumed run stops at its first save
     with one line; the earlier checkpoint and every other file stay as they were; no temp file is left."""
-    import resource
-
     log = tmp_path / "log"
     train_gpt2.main(flags(data, log, max_steps=2))
     before = fingerprint(log)
     size = (log / "model_00002.pt").stat().st_size
 
-    def limit():
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails with EFBIG
-        resource.setrlimit(resource.RLIMIT_FSIZE, (size // 2, size // 2))
-
-    proc = subprocess.run([sys.executable, "train_gpt2.py", *flags(data, log, max_steps=4, ckpt_interval=1,
-                                                                   resume="auto")],
-                          cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=300, preexec_fn=limit)
+    proc = launcher.run([sys.executable, "train_gpt2.py", *flags(data, log, max_steps=4, ckpt_interval=1, resume="auto")],
+                        cwd=ROOT, env=child_env(), timeout=300, file_size_limit=size // 2)  # then a write fails with EFBIG
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith(f"error: could not write {log / 'model_00003.pt'} (File too large)") and "--resume auto" in last

@@ -14,17 +14,18 @@ import torch
 import torch.nn.functional as F
 
 import export_hf
+import launcher
 import plot
 import train_gpt2
 from train_gpt2 import GPT, GPTConfig
+from helpers import child_env
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def run_script(script: str, *args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / script), *map(str, args)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+    return launcher.run([sys.executable, str(ROOT / script), *args], cwd=ROOT, env=child_env(), timeout=300)
 
 
 def write_log(log_dir: Path, hella: bool = True) -> Path:

@@ -2,12 +2,12 @@
 
 import re
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+import launcher
 import train_gpt2
 from helpers import child_env
 
@@ -40,7 +40,7 @@ def section(title: str) -> str:
 
 
 def run(argv, **kw):
-    return subprocess.run(argv, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=600, **kw)
+    return launcher.run(argv, cwd=ROOT, env=child_env(), timeout=600, **kw)
 
 
 def test_quick_start_has_exactly_two_commands_and_ci_runs_the_test_one():

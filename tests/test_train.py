@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 
+import launcher
 import train_gpt2
 from plot import read_log
 from train_gpt2 import PRESETS, Runtime, TrainConfig, get_lr, parse_train_args, train
@@ -543,9 +544,8 @@ def test_shakespeare_preset_val_loss_falls(tmp_path):
     """fineweb.py --local input.txt, then --preset shakespeare (the GPT-2 vocabulary, a 4-layer model),
     shortened: the val loss falls well below its start (~ln 50257 = 10.8)."""
     data = tmp_path / "shakespeare"
-    prep = subprocess.run([sys.executable, "fineweb.py", "--local", "input.txt", "--out_dir", str(data),
-                           "--workers", "1", "--no_progress"], cwd=ROOT, env=child_env(), capture_output=True,
-                          text=True, timeout=300)
+    prep = launcher.run([sys.executable, "fineweb.py", "--local", "input.txt", "--out_dir", str(data), "--workers", "1",
+                         "--no_progress"], cwd=ROOT, env=child_env(), timeout=300)
     assert prep.returncode == 0, prep.stderr[-2000:]
     argv = ["--preset", "shakespeare", *flags(data_root=data, log_dir=tmp_path / "log", max_steps=30, eval_interval=10,
                                              val_tokens=2048, batch_size=4, seq_len=64, total_batch_size=256,
