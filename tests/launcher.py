@@ -27,10 +27,11 @@ _zygote: dict = {}  # {"proc": Popen, "dir": its scratch directory}, started at 
 
 def run(argv: list, cwd, env: dict, timeout: float, file_size_limit: int = 0) -> subprocess.CompletedProcess:
     """subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout), forked from the
-    zygote when argv is `sys.executable SCRIPT.py ...` and env has one OpenMP thread (the zygote's own, fixed when
-    torch was imported); file_size_limit > 0 sets RLIMIT_FSIZE (a write past it fails as on a full disk)."""
+    zygote on Linux when argv is `sys.executable SCRIPT.py ...` and env has one OpenMP thread (the zygote's own,
+    fixed when torch was imported); file_size_limit > 0 sets RLIMIT_FSIZE (a write past it fails as on a full disk)."""
     argv = [str(a) for a in argv]
-    if len(argv) < 2 or argv[0] != sys.executable or not argv[1].endswith(".py") or env.get("OMP_NUM_THREADS") != "1":
+    if (sys.platform != "linux" or len(argv) < 2 or argv[0] != sys.executable or not argv[1].endswith(".py")
+            or env.get("OMP_NUM_THREADS") != "1"):  # fork after `import torch` is only known to be safe on Linux
         return _plain(argv, cwd, env, timeout, file_size_limit)
     zygote = _start(env)
     with tempfile.TemporaryDirectory(dir=zygote["dir"]) as tmp:
