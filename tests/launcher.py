@@ -14,11 +14,17 @@ thread count) keeps using subprocess.
 import atexit
 import json
 import os
+import resource
+import runpy
+import select
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import traceback
 from pathlib import Path
 
 _lock = threading.Lock()
@@ -53,15 +59,14 @@ def run(argv: list, cwd, env: dict, timeout: float, file_size_limit: int = 0) ->
 
 
 def _plain(argv, cwd, env, timeout, file_size_limit=0):
-    def limit():
-        import resource
-        import signal
-
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_limit, file_size_limit))
-
     return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
-                          preexec_fn=limit if file_size_limit else None)
+                          preexec_fn=(lambda: _limit_file_size(file_size_limit)) if file_size_limit else None)
+
+
+def _limit_file_size(size: int):
+    """In the program's process: a write past `size` bytes then fails with EFBIG instead of killing it (SIGXFSZ)."""
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
 
 
 def _start(env: dict) -> dict:
@@ -77,8 +82,6 @@ def _start(env: dict) -> dict:
 def _stop():
     _zygote["proc"].stdin.close()  # the zygote exits at the end of its input
     _zygote["proc"].wait(timeout=30)
-    import shutil
-
     shutil.rmtree(_zygote["dir"], ignore_errors=True)
 
 
@@ -86,8 +89,6 @@ def _stop():
 # The zygote (this file run as a script) and the children it forks
 
 def _serve():
-    import signal
-
     import numpy  # noqa: F401  (what every program imports first; the project's own modules stay unimported)
     import torch  # noqa: F401
 
@@ -102,9 +103,6 @@ def _wait_for_child(request: dict):
     """In a waiter forked per request: fork the program with pipes for stdout and stderr (files would fall under
     its RLIMIT_FSIZE), copy them to request's files until both close, killing the program's process group at the
     timeout; then write {returncode, timed_out} to request["result"] by rename, and exit."""
-    import select
-    import signal
-
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # waitpid needs it
     pipes = [os.pipe(), os.pipe()]
     pid = os.fork()
@@ -136,11 +134,6 @@ def _wait_for_child(request: dict):
 
 def _exec_program(request: dict):
     """Become `python PROGRAM.py ARGS` (in the forked child) and exit as the interpreter would."""
-    import resource
-    import runpy
-    import signal
-    import traceback
-
     os.setpgid(0, 0)  # its own group: a timeout kills the program and whatever it started
     signal.signal(signal.SIGINT, signal.default_int_handler)
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
@@ -150,8 +143,7 @@ def _exec_program(request: dict):
     os.environ.update(request["env"])
     tempfile.tempdir = None  # read TMPDIR again
     if request["fsize"]:
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (request["fsize"], request["fsize"]))
+        _limit_file_size(request["fsize"])
     program = os.path.abspath(request["argv"][1])
     sys.argv, sys.path[0] = [request["argv"][1], *request["argv"][2:]], os.path.dirname(program)
     code = 0

@@ -12,8 +12,8 @@ import torch
 
 import bench
 import launcher
-from helpers import child_env
 import train_gpt2
+from helpers import child_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
