@@ -50,8 +50,11 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
+import fineweb
+import run_files
 import train_gpt2
-from train_gpt2 import GPT, GPTConfig, autocast_context, flops_per_token, peak_flops
+from run_files import peak_flops
+from train_gpt2 import GPT, GPTConfig, autocast_context, flops_per_token
 
 HERE = Path(__file__).resolve().parent
 SECTIONS = ("train", "generate", "hellaswag", "loader", "fineweb", "compare")
@@ -97,7 +100,7 @@ PRESETS = {
 def resolve_device(name: str) -> str:
     """train_gpt2's device check, with a hint for the GPU-sized preset."""
     try:
-        return train_gpt2.check_device(name)
+        return run_files.check_device(name)
     except ValueError as e:
         raise ValueError(f"{e}; the gpt2-124M preset is sized for a GPU: on a CPU run the default or --quick") from None
 
@@ -245,7 +248,7 @@ def bench_generate(args, device: str) -> dict:
     config = model_config(args, args.gen_shape)
     torch.manual_seed(args.seed)
     model = GPT(config).to(device).eval()
-    vocab = min(config.vocab_size, train_gpt2.GPT2_VOCAB_SIZE)
+    vocab = min(config.vocab_size, fineweb.GPT2_VOCAB_SIZE)
     g = torch.Generator().manual_seed(args.seed)
     prompt = torch.randint(0, vocab, (args.gen_batch, args.prompt_len), generator=g).to(device)
     progress(f"generate: {args.prompt_len}-token prompt + {args.new_tokens} new, batch {args.gen_batch}, "
@@ -314,8 +317,8 @@ def bench_hellaswag(args, device: str) -> dict:
     against hellaswag.py's default (packed rows, batched) at each --hellaswag_batch, same model and
     examples, and whether they agree. The model is the train section's shape."""
     config = model_config(args, "train")
-    if config.vocab_size < train_gpt2.GPT2_VOCAB_SIZE:
-        raise ValueError(f"hellaswag needs the GPT-2 vocabulary (>= {train_gpt2.GPT2_VOCAB_SIZE}), the model has {config.vocab_size}")
+    if config.vocab_size < fineweb.GPT2_VOCAB_SIZE:
+        raise ValueError(f"hellaswag needs the GPT-2 vocabulary (>= {fineweb.GPT2_VOCAB_SIZE}), the model has {config.vocab_size}")
     longest = args.hellaswag_context[1] + args.hellaswag_ending[1]
     if config.block_size < longest:
         raise ValueError(f"hellaswag needs --block_size >= {longest} (the longest context + ending), got {config.block_size}")
@@ -341,7 +344,7 @@ def bench_hellaswag(args, device: str) -> dict:
 
     def score(run, subset=examples):
         batch_size, reference = run
-        return hellaswag.score_examples(model, subset, device, enc=train_gpt2.get_tokenizer(), batch_size=batch_size,
+        return hellaswag.score_examples(model, subset, device, enc=fineweb.get_tokenizer(), batch_size=batch_size,
                                         autocast_dtype=autocast_dtype, packed=not reference)
 
     for run in runs:  # warm-up: allocator, kernel choice, the tokenizer's first load
@@ -404,15 +407,15 @@ def bench_loader(args, device: str) -> dict:
             root = Path(tmp) / f"n{n_tokens}"
             root.mkdir()
             rng = np.random.default_rng(args.seed)
-            shard = [root / train_gpt2.shard_name("bench", 1)]
-            np.save(shard[0], rng.integers(0, train_gpt2.GPT2_VOCAB_SIZE, n_tokens, dtype=np.uint16))
+            shard = [root / run_files.shard_name("bench", 1)]
+            np.save(shard[0], rng.integers(0, fineweb.GPT2_VOCAB_SIZE, n_tokens, dtype=np.uint16))
             del rng
             progress(f"loader: {n_tokens:,}-token shard, B={B} T={T}")
             batches = (n_tokens - 1) // (B * T)  # one epoch: every token read once
 
             # Pass 1, timed, nothing else: tracing and RSS sampling would slow next_batch down (and
             # sampling would count in the traced peak), so each has its own pass over the same epoch.
-            loader = train_gpt2.DataLoaderLite(shard, B, T, vocab_size=train_gpt2.GPT2_VOCAB_SIZE)
+            loader = train_gpt2.DataLoaderLite(shard, B, T, vocab_size=fineweb.GPT2_VOCAB_SIZE)
             t0 = time.perf_counter()
             for _ in range(batches):
                 loader.next_batch()
@@ -421,7 +424,7 @@ def bench_loader(args, device: str) -> dict:
 
             # Pass 2: the peak of Python/numpy allocations (numpy reports its buffers to tracemalloc).
             tracemalloc.start()
-            loader = train_gpt2.DataLoaderLite(shard, B, T, vocab_size=train_gpt2.GPT2_VOCAB_SIZE)
+            loader = train_gpt2.DataLoaderLite(shard, B, T, vocab_size=fineweb.GPT2_VOCAB_SIZE)
             for _ in range(batches):
                 loader.next_batch()
             traced_peak = tracemalloc.get_traced_memory()[1]
@@ -431,7 +434,7 @@ def bench_loader(args, device: str) -> dict:
             # Pass 3: the resident set, sampled after every batch, from before the loader exists.
             rss0, anon0 = rss_bytes()
             peak_rss, peak_anon = rss0, anon0
-            loader = train_gpt2.DataLoaderLite(shard, B, T, vocab_size=train_gpt2.GPT2_VOCAB_SIZE)
+            loader = train_gpt2.DataLoaderLite(shard, B, T, vocab_size=fineweb.GPT2_VOCAB_SIZE)
             for _ in range(batches):
                 x, y = loader.next_batch()
                 if rss0 is not None:
@@ -723,7 +726,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seq_len", type=int, help="sequence length T")
     g.add_argument("--warmup_steps", type=int, help="untimed steps first (compilation, allocator)")
     g.add_argument("--steps", type=int, help="timed steps; the median counts")
-    g.add_argument("--peak_flops", type=train_gpt2.finite_float, default=0.0,
+    g.add_argument("--peak_flops", type=run_files.finite_float, default=0.0,
                    help="peak FLOP/s for MFU (0: look up the GPU; none on CPU)")
     g = p.add_argument_group("generate and hellaswag (hellaswag scores the train section's model shape)")
     g.add_argument("--gen_shape", choices=["gpt2-124M", "train"], help="generation model: GPT-2 124M or the train flags' shape")
@@ -741,7 +744,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--loader_tokens", type=comma_ints, help="synthetic shard sizes in tokens, e.g. 2e6,2e7")
     g.add_argument("--loader_batch", type=int, help="B of the loader")
     g.add_argument("--loader_seq", type=int, help="T of the loader")
-    g.add_argument("--fineweb_mb", type=train_gpt2.finite_float, help="corpus size in MB (input.txt repeated)")
+    g.add_argument("--fineweb_mb", type=run_files.finite_float, help="corpus size in MB (input.txt repeated)")
     g.add_argument("--fineweb_workers", type=comma_ints, help="worker counts of the pipeline runs")
     g.add_argument("--fineweb_repeats", type=int, help="runs per method; the fastest counts")
     g = p.add_argument_group("compare (whole train_gpt2.py runs; not in the default sections)")
@@ -752,9 +755,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--compare_repeats", type=int, default=3, help="runs of each tree, alternating")
     g.add_argument("--compare_args", default="", help="more train_gpt2.py flags for both, e.g. '--dtype float32' "
                    "(write --compare_args='--flag value' when it is a single flag)")
-    g.add_argument("--compare_rtol", type=train_gpt2.finite_float, default=1e-5,
+    g.add_argument("--compare_rtol", type=run_files.finite_float, default=1e-5,
                    help="fp32 tolerance of the train losses' relative difference; over it, bench exits 1")
-    g.add_argument("--compare_timeout", type=train_gpt2.finite_float, default=3600, help="seconds one run may take")
+    g.add_argument("--compare_timeout", type=run_files.finite_float, default=3600, help="seconds one run may take")
     return p
 
 
@@ -857,9 +860,9 @@ def main(argv: Optional[list[str]] = None) -> dict:
     times = ", ".join(f"{name} {r['section_seconds']:.0f} s" for name, r in results["sections"].items())
     try:  # after the tables: a full disk loses the file, not the numbers
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        train_gpt2.atomic_write(Path(args.json), lambda f: f.write(json.dumps(results, indent=1).encode() + b"\n"))
+        run_files.atomic_write(Path(args.json), lambda f: f.write(json.dumps(results, indent=1).encode() + b"\n"))
     except OSError as e:
-        sys.exit(f"bench.py: error: could not write {args.json} ({train_gpt2.write_error(e)}); the tables above are the results")
+        sys.exit(f"bench.py: error: could not write {args.json} ({run_files.write_error(e)}); the tables above are the results")
     print(f"\nwall time: {times}; wrote {args.json}")
     if failures:
         sys.exit("bench.py: " + "; ".join(failures))

@@ -18,7 +18,9 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from train_gpt2 import EOT_TOKEN, GPT2_VOCAB_SIZE, HF_TRANSPOSED, GPTConfig, load_checkpoint, write_error
+from fineweb import EOT_TOKEN, GPT2_VOCAB_SIZE
+from run_files import load_checkpoint, write_error
+from train_gpt2 import HF_TRANSPOSED, GPTConfig
 
 
 def to_hf_state_dict(our_sd: dict, keep_vocab: Optional[int] = None) -> dict:

@@ -22,10 +22,13 @@ from __future__ import annotations
 
 import argparse
 import array
+import base64
 import codecs
 import collections
 import contextlib
 import errno
+import functools
+import hashlib
 import itertools
 import json
 import math
@@ -265,18 +268,71 @@ def batch_documents(
 # Tokenising
 
 
-def _train_gpt2():
-    """train_gpt2 (tokenizers, shard names, the unfinished-output marker, atomic writes), imported on first use
-    rather than at the top: it imports torch (~2 s), and every spawned worker re-imports this module; workers
-    receive the encoding itself instead (see _init_worker)."""
-    import train_gpt2
+def _run_files():
+    """run_files (shard names, the unfinished-output marker, atomic writes), imported on first use rather than at
+    the top: it imports torch (~2 s), and every spawned worker re-imports this module."""
+    import run_files
 
-    return train_gpt2
+    return run_files
+
+
+# The tokenizers: GPT-2's BPE, built from a vendored vocabulary file, and one token per character. train_gpt2.py,
+# sample.py and hellaswag.py use the same ones: a corpus's manifest.json names its tokenizer.
+
+
+GPT2_VOCAB_FILE = HERE / "assets" / "gpt2.tiktoken"  # == tiktoken's r50k_base ranks, from openai-whisper
+GPT2_VOCAB_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
+GPT2_SPLIT_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
+EOT_TOKEN = 50256  # <|endoftext|>: delimits documents
+GPT2_VOCAB_SIZE = 50257  # real token ids; a padded model (50304) never samples the ids above this
+
+@functools.lru_cache(maxsize=None)
+def get_tokenizer(vocab_file: str | os.PathLike = GPT2_VOCAB_FILE):
+    """The GPT-2 encoding (identical to tiktoken.get_encoding('gpt2')), built offline: no download."""
+    import tiktoken
+
+    data = Path(vocab_file).read_bytes()
+    if hashlib.sha256(data).hexdigest() != GPT2_VOCAB_SHA256:
+        raise ValueError(f"{vocab_file} is not the GPT-2 vocabulary (sha256 mismatch); restore it from git")
+    ranks = {base64.b64decode(tok): int(rank) for tok, rank in (line.split() for line in data.splitlines() if line)}
+    return tiktoken.Encoding(name="gpt2", pat_str=GPT2_SPLIT_PATTERN, mergeable_ranks=ranks,
+                             special_tokens={"<|endoftext|>": EOT_TOKEN}, explicit_n_vocab=GPT2_VOCAB_SIZE)
+
+class CharTokenizer:
+    """One token per character, id i = chars[i] (`fineweb.py --tokenizer char`), with the part of tiktoken's
+    interface that fineweb.py and sampling use. No <|endoftext|>: fineweb.py ends each document with a blank line."""
+    name, eot_token = "char", None
+
+    def __init__(self, chars: str):
+        if not chars or list(chars) != sorted(set(chars)):
+            raise ValueError("a CharTokenizer's vocabulary must be a non-empty string of sorted, unique characters")
+        self.chars, self.n_vocab, self._ids = chars, len(chars), {c: i for i, c in enumerate(chars)}
+
+    def encode(self, text: str, **special) -> list[int]:  # there are no special tokens to allow
+        if unknown := set(text) - self._ids.keys():
+            raise ValueError(f"character {min(unknown)!r} is not in the vocabulary of {self.n_vocab} characters")
+        return [self._ids[c] for c in text]
+
+    encode_ordinary = encode
+
+    def decode(self, ids) -> str:
+        if bad := [int(i) for i in ids if not 0 <= int(i) < self.n_vocab]:
+            raise ValueError(f"token id {bad[0]} is not in 0..{self.n_vocab - 1}")
+        return "".join(self.chars[int(i)] for i in ids)
+
+def tokenizer_from_manifest(info: dict):
+    """The tokenizer a fineweb.py manifest.json (or a checkpoint) names: GPT-2's, also when it names none, or a
+    CharTokenizer."""
+    if (kind := info.get("tokenizer", "gpt2")) == "gpt2":
+        return get_tokenizer()
+    if kind != "char" or not isinstance(info.get("vocab"), str):
+        raise ValueError(f"manifest tokenizer {kind!r}: expected 'gpt2', or 'char' with its 'vocab' string")
+    return CharTokenizer(info["vocab"])
 
 
 def load_tokenizer(chars: Optional[str] = None):
-    """The offline GPT-2 encoding of train_gpt2, or its CharTokenizer over chars."""
-    return _train_gpt2().get_tokenizer() if chars is None else _train_gpt2().CharTokenizer(chars)
+    """GPT-2's encoding, or a CharTokenizer over chars."""
+    return get_tokenizer() if chars is None else CharTokenizer(chars)
 
 
 def corpus_characters(docs: Iterable[str]) -> str:
@@ -464,7 +520,7 @@ class ShardWriter:
 
     def _write(self, tokens: np.ndarray) -> None:
         index = len(self.shards)
-        name = _train_gpt2().shard_name(self.prefix, index)
+        name = _run_files().shard_name(self.prefix, index)
         try:
             self.out_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -480,10 +536,10 @@ def save_npy(f, tokens: np.ndarray) -> None:
 
 
 def write_file(path: Path, write) -> None:
-    """train_gpt2.atomic_write (no temp file is left either way); a failure (full disk, read-only directory) is
+    """run_files.atomic_write (no temp file is left either way); a failure (full disk, read-only directory) is
     a CorpusError naming the file."""
     try:
-        _train_gpt2().atomic_write(path, write)
+        _run_files().atomic_write(path, write)
     except OSError as e:
         full = e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
         what = "free some space or choose another --out_dir" if full else "choose another --out_dir"
@@ -497,10 +553,10 @@ def find_outputs(out_dir: str | os.PathLike, prefix: str) -> tuple[list[Path], l
     if not out_dir.is_dir():
         return ours, others
     for path in sorted(out_dir.iterdir()):
-        m = _train_gpt2().SHARD_NAME.fullmatch(path.name)
+        m = _run_files().SHARD_NAME.fullmatch(path.name)
         if m:
             (ours if m["prefix"] == prefix else others).append(path)
-        elif path.name in (MANIFEST, _train_gpt2().FINEWEB_INCOMPLETE) or (
+        elif path.name in (MANIFEST, _run_files().FINEWEB_INCOMPLETE) or (
             path.name.startswith((f".{prefix}_", f".{MANIFEST}.tmp")) and ".tmp" in path.name  # left by a killed run
         ):
             ours.append(path)
@@ -559,7 +615,7 @@ def dataset_name(source: dict) -> str:
 
 def build_manifest(writer: ShardWriter, enc, source: dict) -> dict:
     """What a reader needs to trust the shards: tokenizer, dtype, files and their token counts, origin.
-    train_gpt2.tokenizer_from_manifest(manifest) rebuilds the tokenizer."""
+    tokenizer_from_manifest(manifest) rebuilds the tokenizer."""
     if enc.eot_token is None:
         layout, vocab = f"its tokens followed by those of {DOC_SEPARATOR!r}; id i is vocab[i]", {"vocab": enc.chars}
     else:
@@ -605,7 +661,7 @@ def run_pipeline(
         bar = tqdm(unit="tok", unit_scale=True, desc=f"tokenizing -> {prefix}", smoothing=0.1)
     t0 = time.perf_counter()
     Path(out_dir).mkdir(parents=True, exist_ok=True)
-    (Path(out_dir) / _train_gpt2().FINEWEB_INCOMPLETE).touch()  # train_gpt2.py refuses the dir until the manifest
+    (Path(out_dir) / _run_files().FINEWEB_INCOMPLETE).touch()  # train_gpt2.py refuses the dir until the manifest
     stream = tokenize_documents(docs, enc, workers, start_method)
     try:
         for arrays in stream:
@@ -618,7 +674,7 @@ def run_pipeline(
         manifest = build_manifest(writer, enc, source or {})
         manifest["seconds"] = round(time.perf_counter() - t0, 3)
         write_manifest(out_dir, manifest)
-        (Path(out_dir) / _train_gpt2().FINEWEB_INCOMPLETE).unlink()
+        (Path(out_dir) / _run_files().FINEWEB_INCOMPLETE).unlink()
     except BaseException:
         remove_outputs(out_dir, prefix)
         raise
@@ -753,8 +809,8 @@ def main(argv=None) -> dict:
             else:
                 docs = iter_hub_documents(args.dataset, args.name or None, args.split, args.text_field)
             stale = check_out_dir(out_dir, prefix, args.overwrite)
-            # Read one document before loading the tokenizer (train_gpt2 imports torch, ~2 s) and starting the
-            # pool: a wrong field, a bad first line or an empty corpus then fails at once.
+            # Read one document before loading the tokenizer and starting the pool: a wrong field, a bad first
+            # line or an empty corpus then fails at once.
             first = next(docs, None)
             if first is None:
                 raise CorpusError(f"no documents in {describe} (empty, or only blank text)")

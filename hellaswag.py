@@ -43,6 +43,8 @@ from typing import Optional, Sequence
 import torch
 import torch.nn.functional as F
 
+from run_files import any_rank, check_device
+
 HERE = Path(__file__).resolve().parent
 DEFAULT_CACHE_DIR = HERE / "hellaswag_data"
 DATA_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_{split}.jsonl"
@@ -157,31 +159,27 @@ def load_examples(
     return read_jsonl(data)
 
 
-def load_for_training(data: Optional[str], limit: int, rank: int, world_size: int, device) -> tuple[list, str]:
-    """(examples, '') for a training run's in-loop evaluation, or ([], why not) on every rank alike (e.g. offline),
-    so that all ranks take part in evaluate() or none does. Rank 0 reads (downloads) first: the file is fetched once."""
+def load_for_training(data: str, limit: int, tokenizer: str, rank: int, world_size: int, device) -> tuple[list, str]:
+    """(examples, '') for a training run's in-loop evaluation, or ([], why not) on every rank alike, so that all ranks
+    take part in evaluate() or none does: a model in another tokenizer, or the official split unavailable (offline).
+    A `data` file that cannot be read stops the run before it starts, on every rank. Rank 0 reads (downloads) first:
+    the file is fetched once."""
+    if tokenizer != "gpt2":
+        return [], f"the model's tokenizer is {tokenizer}, not GPT-2's"
     examples, error = [], ""
     if world_size > 1 and rank:
         torch.distributed.barrier()  # the others wait until rank 0 has read
     try:
-        examples = load_examples("val", data=data)[: limit or None]
+        examples = load_examples("val", data=data or None)[: limit or None]
     except (OSError, ValueError) as e:
         error = str(e)
     if world_size > 1 and not rank:
         torch.distributed.barrier()
     if any_rank(bool(error), world_size, device):
+        if data:
+            raise ValueError(error or f"{data}: unreadable on another rank")
         return [], error or "unavailable on another rank"
     return examples, ""
-
-
-def any_rank(flag: bool, world_size: int, device) -> bool:
-    """True on every rank if it is True on any: a rank that gave up alone would leave the others waiting forever
-    in the next collective, so they fail together."""
-    if world_size == 1:
-        return flag
-    t = torch.tensor([flag], dtype=torch.long, device=device)
-    torch.distributed.all_reduce(t)
-    return bool(t.item())
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -190,7 +188,7 @@ def any_rank(flag: bool, world_size: int, device) -> bool:
 
 def render_example(example: dict, enc) -> tuple[torch.Tensor, torch.Tensor, int]:
     """(tokens (4, L) long, mask (4, L) long, label): context then " " + ending per row, mask 1 on ending
-    tokens, rows right-padded with 0 to the longest one. enc: the GPT-2 tokenizer (train_gpt2.get_tokenizer())."""
+    tokens, rows right-padded with 0 to the longest one. enc: the GPT-2 tokenizer (fineweb.get_tokenizer())."""
     check_example(example)
     # encode_ordinary: text that happens to spell "<|endoftext|>" is plain text here, not a special token
     ctx_tokens = enc.encode_ordinary(example["ctx"])
@@ -410,7 +408,7 @@ def evaluate(
     progress: bool = False,
 ) -> dict:
     """HellaSwag accuracy of our GPT: dict(n, correct, correct_norm, acc, acc_norm) over all examples, with
-    enc the GPT-2 tokenizer (train_gpt2.get_tokenizer(); passed in, so this module need not import train_gpt2).
+    enc the GPT-2 tokenizer (fineweb.get_tokenizer(); passed in, the model's own).
 
     batch_size counts examples per batch (one packed row each). Under DDP every rank calls this with the same
     examples and its own rank; rank r scores examples i % world_size == r and the counts are all-reduced, so
@@ -465,7 +463,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 def run(args: argparse.Namespace) -> dict:
     """Load data and model as the arguments say, evaluate, print a summary; the metrics dict."""
-    from train_gpt2 import check_device, load_model  # here, not at the top: see the docstring
+    from train_gpt2 import load_model  # here, not at the top: see the docstring
 
     examples = load_examples(args.split, args.data, args.cache_dir)[: args.limit]
     device = check_device(args.device)

@@ -11,8 +11,8 @@ gets a panel too, so a new metric needs no code here. GPT-2 124M's reference lin
 they would mislead.
 train_gpt2.py redraws curves.png at each checkpoint; play.ipynb shows it.
 
-Importing this module does nothing but define things. It never imports train_gpt2 at import time: a training
-run imports it, and train_gpt2.py running as a script must not be loaded a second time as a module.
+Importing this module does nothing but define things. It never imports train_gpt2: a training run imports it,
+and train_gpt2.py running as a script must not be loaded a second time as a module.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ import math
 import os
 import sys
 from pathlib import Path
+
+from run_files import atomic_write, write_error
 
 GPT2_124M_VAL_LOSS = 3.2924  # OpenAI's GPT-2 124M on the FineWeb-Edu val split: the loss to beat
 HELLASWAG_BASELINES = {"GPT-2 124M": 0.2955, "GPT-3 124M": 0.337}  # acc_norm on the 10,042 val examples
@@ -94,8 +96,6 @@ def curves_png(log_dir: str | os.PathLike) -> bytes:
 
 def write_curves(log_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> Path:
     """Draw log_dir/log.txt into `out` (default log_dir/curves.png), atomically: a viewer never sees half a PNG."""
-    from train_gpt2 import atomic_write, write_error  # here, not at the top: see the module docstring
-
     png = curves_png(log_dir)
     out = Path(log_dir) / "curves.png" if out is None else Path(out)
     try:
@@ -103,6 +103,14 @@ def write_curves(log_dir: str | os.PathLike, out: str | os.PathLike | None = Non
     except OSError as e:  # a full disk, a directory that is not there: the old curves.png, if any, is intact
         raise OSError(f"could not write {out} ({write_error(e)})") from None
     return out
+
+
+def refresh(log_dir: str | os.PathLike):
+    """Redraw log_dir/curves.png during training. A plot never stops a run: a problem is reported, not raised."""
+    try:
+        write_curves(log_dir)
+    except Exception as e:  # matplotlib missing, a full disk: say so, and train on
+        print(f"warning: curves.png not updated ({type(e).__name__}: {e})", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None):

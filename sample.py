@@ -12,6 +12,7 @@ does the work, the same function that prints samples during training.
 import argparse
 import sys
 
+import run_files
 import train_gpt2
 
 
@@ -24,7 +25,7 @@ def main(argv=None):
     length.add_argument("--max_length", type=int, default=None, help="tokens per sample, prompt included (default 30)")
     length.add_argument("--max_new_tokens", type=int, default=None, help="tokens added after the prompt")
     parser.add_argument("--top_k", type=int, default=50, help="0: sample from the whole distribution")
-    parser.add_argument("--temperature", type=train_gpt2.finite_float, default=1.0, help="0: greedy")
+    parser.add_argument("--temperature", type=run_files.finite_float, default=1.0, help="0: greedy")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
     args = parser.parse_args(argv)
@@ -34,7 +35,7 @@ def main(argv=None):
     if args.top_k < 0 or args.temperature < 0:
         parser.error(f"--top_k and --temperature must be >= 0, got {args.top_k} and {args.temperature}")
     try:
-        device = train_gpt2.check_device(args.device)
+        device = run_files.check_device(args.device)
         model, enc = train_gpt2.load_model(args.init_from, device)  # a checkpoint knows its tokenizer
         new_tokens = args.max_new_tokens
         if new_tokens is None:  # --max_length (default 30) counts the prompt's tokens too

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+import run_files
 import train_gpt2
 from helpers import child_env, measured
 
@@ -57,14 +58,14 @@ def test_compiled_run_equals_eager_and_never_recompiles(data, tmp_path, monkeypa
     torch._dynamo.reset()
     counters.clear()
     graphs = []  # compiled graphs so far, each time a training step is reported
-    report = train_gpt2.Metrics.report
+    report = run_files.Metrics.report
 
     def counting_report(self, step, **values):
         if "train" in values:
             graphs.append(counters["stats"]["unique_graphs"])
         return report(self, step, **values)
 
-    monkeypatch.setattr(train_gpt2.Metrics, "report", counting_report)
+    monkeypatch.setattr(run_files.Metrics, "report", counting_report)
     messages = []
     train_gpt2.train(train_gpt2.TrainConfig(**config(data, tmp_path / "compiled", compile="true")), log=messages.append)
     monkeypatch.undo()

@@ -344,8 +344,46 @@ def char_stream(docs):
     return "".join(d + "\n\n" for d in docs)
 
 
+def test_gpt2_tokenizer_known_ids_and_roundtrip():
+    enc = fineweb.get_tokenizer()
+    assert enc.encode("Hello, I'm a language model,") == [15496, 11, 314, 1101, 257, 3303, 2746, 11]
+    assert enc.eot_token == 50256 and enc.n_vocab == 50257
+    assert enc.encode(" the") == [262] and enc.encode("\n") == [198] and enc.encode("!") == [0]
+    assert enc.encode("Hello world") == [15496, 995]
+    assert enc.encode("<|endoftext|>", allowed_special="all") == [50256]
+    assert enc.decode([50256]) == "<|endoftext|>"
+    for text in ["", "Hello, world!", "naïve café — 日本語 🤖", "  two  spaces\n\ttab\r\n", "it's we'll they've"]:
+        assert enc.decode(enc.encode(text)) == text
+
+
+def test_gpt2_tokenizer_needs_no_network(monkeypatch):
+    import tiktoken
+    import tiktoken.load
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("get_tokenizer tried to fetch or look up a remote encoding")
+
+    monkeypatch.setattr(tiktoken, "get_encoding", no_network)
+    monkeypatch.setattr(tiktoken.load, "read_file", no_network)
+    monkeypatch.setattr(tiktoken.load, "read_file_cached", no_network)
+    enc = fineweb.get_tokenizer.__wrapped__(fineweb.GPT2_VOCAB_FILE)  # uncached: really builds it
+    assert enc.encode(" the") == [262]
+
+
+def test_gpt2_tokenizer_rejects_a_corrupted_vocab(tmp_path):
+    bad = tmp_path / "gpt2.tiktoken"
+    data = bytearray(fineweb.GPT2_VOCAB_FILE.read_bytes())
+    i = data.index(b" ", 1000) - 1  # a base64 character of some token
+    data[i] = ord("A") if data[i] != ord("A") else ord("B")
+    bad.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="vocab|sha256"):
+        fineweb.get_tokenizer(bad)
+    with pytest.raises((ValueError, FileNotFoundError, OSError)):
+        fineweb.get_tokenizer(tmp_path / "absent.tiktoken")
+
+
 def test_char_tokenizer_and_tokenizer_from_manifest():
-    tg = fineweb._train_gpt2()
+    tg = fineweb
     tok = tg.CharTokenizer("\n ab")
     assert (tok.name, tok.n_vocab, tok.eot_token, tok.chars) == ("char", 4, None, "\n ab")
     assert tok.encode_ordinary("ab a\n") == [2, 3, 1, 2, 0] == tok.encode("ab a\n", allowed_special="all")
@@ -374,7 +412,7 @@ def test_char_input_txt_has_77_characters_and_splits_at_a_play(tmp_path):
     assert list(vocab) == sorted(set(vocab)) and "\n" in vocab
     _, stream, _ = read_shards(tmp_path)
     docs = list(fineweb.iter_documents([ROOT / "input.txt"]))
-    tok = fineweb._train_gpt2().tokenizer_from_manifest(manifest)
+    tok = fineweb.tokenizer_from_manifest(manifest)
     assert tok.decode(stream) == char_stream(docs)
     assert manifest["small_corpus_split"]["at_document_boundary"]
     assert manifest["small_corpus_split"]["val_tokens"] == len(char_stream(docs[:1]))  # val is the first play
@@ -718,7 +756,7 @@ def test_a_killed_worker_ends_the_run(tmp_path, big_corpus, start_method):
 def test_a_run_killed_outright_is_refused_by_the_trainer(tmp_path, big_corpus):
     """kill -9 leaves shards and no manifest; the marker fineweb.py made at its start stays too, so train_gpt2.py
     refuses the partial corpus (and fineweb.py --overwrite clears it)."""
-    import train_gpt2
+    import run_files
 
     out = tmp_path / "out"
     proc = start_run(big_corpus, out)
@@ -726,9 +764,9 @@ def test_a_run_killed_outright_is_refused_by_the_trainer(tmp_path, big_corpus):
     proc.communicate()
     assert list(out.glob("*.npy")) and not (out / "manifest.json").exists()
     with pytest.raises(ValueError, match="has no manifest.json and holds an unfinished fineweb.py output"):
-        train_gpt2.find_shards(out)
+        run_files.find_shards(out)
     ours, _ = fineweb.find_outputs(out, "big")
-    assert out / train_gpt2.FINEWEB_INCOMPLETE in ours  # what --overwrite removes
+    assert out / run_files.FINEWEB_INCOMPLETE in ours  # what --overwrite removes
 
 
 def test_import_has_no_side_effects_and_no_torch():

@@ -20,7 +20,7 @@ import torch
 
 import launcher
 import train_gpt2
-from train_gpt2 import checkpoint_paths
+from run_files import checkpoint_paths
 from helpers import child_env, measured
 
 ROOT = Path(__file__).resolve().parents[1]

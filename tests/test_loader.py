@@ -4,16 +4,17 @@ and shuffled, over simulated ranks, exactly-once epochs, resume), the errors, me
 Shards are written here, not by fineweb.py: np.save of uint16 arrays whose tokens count up (0, 1, 2, ...) through
 the whole split, so a token's value is its position in the split and every batch says where it was read from."""
 
-import dataclasses
 import json
 import tracemalloc
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
-from train_gpt2 import GPT, DataLoaderLite, GPTConfig, Runtime, evaluate_val_loss, find_shards, open_shard, windows
+from run_files import find_shards, open_shard
+from train_gpt2 import GPT, DataLoaderLite, GPTConfig, evaluate_val_loss, windows
 
 # Uneven train shard sizes for windows of B*T + 1 = 9 tokens: shards smaller than a window (0, 1, 3, 7),
 # larger ones, and 11 shards so that indices 000002 and 000010 both exist.
@@ -83,7 +84,7 @@ def test_a_manifest_decides_which_shards_and_checks_their_sizes(data):
     splits, manifest, note = find_shards(root)
     assert splits["train"] == paths[:5] and note is None and manifest["sizes"][paths[0]] == SIZES[0]
     loader = DataLoaderLite(splits["train"], B, T, sizes=manifest["sizes"])
-    assert loader.names == [p.name for p in paths[:5]]
+    assert [Path(shard.filename).name for shard in loader.shards] == [p.name for p in paths[:5]]
     original = np.load(paths[0])
     np.save(paths[0], np.zeros(5, np.uint16))  # the shard changed after fineweb.py wrote the manifest
     with pytest.raises(ValueError, match=r"x_train_000001.npy holds 5 tokens, manifest.json says 23; re-run fineweb.py"):
@@ -282,11 +283,7 @@ def val_shards(tmp_path):
     tokens = np.random.default_rng(0).integers(0, 64, 200).astype(np.uint16)
     np.save(tmp_path / "x_val_000000.npy", tokens[:90])
     np.save(tmp_path / "x_val_000001.npy", tokens[90:])
-    return [open_shard(tmp_path / f"x_val_00000{i}.npy") for i in (0, 1)], ["a", "b"], tokens
-
-
-def rt(rank=0, world=1, ddp=False):
-    return Runtime(ddp=ddp, rank=rank, local_rank=rank, world_size=world, device="cpu", device_type="cpu")
+    return [open_shard(tmp_path / f"x_val_00000{i}.npy") for i in (0, 1)], tokens
 
 
 def per_sequence_losses(model, tokens):
@@ -301,8 +298,8 @@ def per_sequence_losses(model, tokens):
 
 @pytest.mark.parametrize("b", [1, 3, 100])
 def test_val_loss_is_the_mean_over_val_tokens(tiny_gpt, val_shards, b):
-    shards, names, tokens = val_shards
-    loss = evaluate_val_loss(tiny_gpt, shards, names, VAL_SEQS * VAL_T, b, VAL_T, rt(), "float32", vocab_size=64)
+    shards, tokens = val_shards
+    loss = evaluate_val_loss(tiny_gpt, shards, VAL_SEQS * VAL_T, b, VAL_T, "float32")
     assert loss == pytest.approx(per_sequence_losses(tiny_gpt, tokens).mean().item(), rel=1e-5)
     assert tiny_gpt.training  # the model's mode is restored
 
@@ -313,11 +310,11 @@ def test_val_loss_all_reduces_sums_and_counts(tiny_gpt, val_shards, monkeypatch,
     with fewer sequences too much): summed over the simulated ranks they give the single-process loss."""
     import train_gpt2
 
-    shards, names, tokens = val_shards
+    shards, tokens = val_shards
     reduced = []
     monkeypatch.setattr(train_gpt2.dist, "all_reduce", lambda t: reduced.append(t.clone()))
     for r in range(W):
-        evaluate_val_loss(tiny_gpt, shards, names, VAL_SEQS * VAL_T, 2, VAL_T, rt(r, W, ddp=True), "float32")
+        evaluate_val_loss(tiny_gpt, shards, VAL_SEQS * VAL_T, 2, VAL_T, "float32", rank=r, world_size=W)
     assert len(reduced) == W and all(t.shape == (2,) for t in reduced)  # one all-reduce of (sum, count) per rank
     sums, counts = [t[0] for t in reduced], [t[1] for t in reduced]
     assert sum(c.item() for c in counts) == VAL_SEQS * VAL_T
@@ -328,21 +325,23 @@ def test_val_loss_all_reduces_sums_and_counts(tiny_gpt, val_shards, monkeypatch,
 
 @pytest.mark.parametrize("val_tokens", [0, VAL_T * 3 + 1, VAL_T * 12])  # zero; not a multiple of T; 12 > 11 windows
 def test_val_tokens_must_be_a_positive_multiple_that_fits(tiny_gpt, val_shards, val_tokens):
-    shards, names, _ = val_shards
+    shards, _ = val_shards
     with pytest.raises(ValueError, match=rf"val_tokens \({val_tokens}\) must be a positive multiple of seq_len"):
-        evaluate_val_loss(tiny_gpt, shards, names, val_tokens, 2, VAL_T, rt(), "float32")
+        evaluate_val_loss(tiny_gpt, shards, val_tokens, 2, VAL_T, "float32")
 
 
-def test_val_token_id_out_of_vocab(tiny_gpt, val_shards):
-    shards, names, _ = val_shards
-    with pytest.raises(ValueError, match="vocab_size 32 in a"):
-        evaluate_val_loss(tiny_gpt, shards, names, VAL_SEQS * VAL_T, 2, VAL_T, rt(), "float32", vocab_size=32)
+def test_val_token_id_out_of_vocab(val_shards):
+    shards, _ = val_shards
+    small = GPT(GPTConfig(block_size=16, vocab_size=32, n_layer=1, n_head=2, n_embd=8))
+    with pytest.raises(ValueError, match="vocab_size 32 in x_val_000000.npy"):
+        evaluate_val_loss(small, shards, VAL_SEQS * VAL_T, 2, VAL_T, "float32")
 
 
-@pytest.mark.parametrize("device_type", ["cpu", "mps"])
-def test_val_loss_makes_no_float64_tensor_on_mps(tiny_gpt, val_shards, device_type):
-    """MPS has no float64: there the sums are float32 (every op's output dtype is recorded; the tensors stay on the
-    CPU, only the runtime says mps). The loss agrees with the float64 sums to float32 rounding."""
+@pytest.mark.parametrize("device", ["cpu", "mps"])
+def test_val_loss_makes_no_float64_tensor_on_mps(tiny_gpt, val_shards, device, monkeypatch):
+    """MPS has no float64: there the sums are float32. Every op's output dtype is recorded; for "mps" the tensors
+    stay on the CPU (the copies to the device are redirected), only the device string says mps. The loss agrees
+    with the float64 sums to float32 rounding."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Dtypes(TorchDispatchMode):
@@ -353,9 +352,11 @@ def test_val_loss_makes_no_float64_tensor_on_mps(tiny_gpt, val_shards, device_ty
             self.seen.update(t.dtype for t in (out if isinstance(out, (tuple, list)) else [out]) if isinstance(t, torch.Tensor))
             return out
 
-    shards, names, tokens = val_shards
-    runtime = dataclasses.replace(rt(), device_type=device_type)
+    to, zeros = torch.Tensor.to, torch.zeros
+    monkeypatch.setattr(torch.Tensor, "to", lambda t, *a, **k: to(t, *("cpu" if x == "mps" else x for x in a), **k))
+    monkeypatch.setattr(torch, "zeros", lambda *a, device=None, **k: zeros(*a, **k))
+    shards, tokens = val_shards
     with Dtypes() as mode:
-        loss = evaluate_val_loss(tiny_gpt, shards, names, VAL_SEQS * VAL_T, 3, VAL_T, runtime, "float32")
-    assert (torch.float64 in mode.seen) == (device_type == "cpu"), mode.seen
+        loss = evaluate_val_loss(tiny_gpt, shards, VAL_SEQS * VAL_T, 3, VAL_T, "float32", device=device)
+    assert (torch.float64 in mode.seen) == (device == "cpu"), mode.seen
     assert loss == pytest.approx(per_sequence_losses(tiny_gpt, tokens).mean().item(), rel=1e-5)

@@ -10,6 +10,7 @@ import nbclient
 import nbformat
 import pytest
 
+pytestmark = pytest.mark.gpt2_contract  # the notebook looks inside GPT-2: its module names, its Hugging Face form
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "play.ipynb"
 RANDOM_LABEL = "random init — not the trained GPT-2"
@@ -101,7 +102,7 @@ def test_notebook_runs_on_a_local_model(tmp_path):
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from test_plot_export import write_log
+    from test_plot import write_log
 
     # GPT-2's context and vocabulary, >= 300 channels, >= 2 layers: the course's numbers apply unchanged.
     torch.manual_seed(0)

@@ -26,7 +26,8 @@ import torch
 
 import train_gpt2
 from plot import read_log
-from train_gpt2 import GPTConfig, TrainConfig, checkpoint_paths
+from run_files import checkpoint_paths
+from train_gpt2 import GPTConfig, TrainConfig
 from helpers import child_env, measured
 
 ROOT = Path(__file__).resolve().parents[1]

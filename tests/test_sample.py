@@ -7,8 +7,10 @@ import pytest
 import torch
 
 import sample
+import fineweb
 import train_gpt2
-from train_gpt2 import GPT, GPTConfig, get_tokenizer, sample_texts
+from fineweb import get_tokenizer
+from train_gpt2 import GPT, GPTConfig, sample_texts
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +45,7 @@ def test_samples_are_seeded_and_hold_the_special_token(checkpoints):
     assert texts != sample_texts(model, enc, "<|endoftext|>The", 3, 6, 50, 1.0, seed=43, device="cpu")
     for text in texts:
         ids = enc.encode(text, allowed_special="all")
-        assert ids[0] == train_gpt2.EOT_TOKEN  # the prompt's <|endoftext|> went in as GPT-2's special token
+        assert ids[0] == fineweb.EOT_TOKEN  # the prompt's <|endoftext|> went in as GPT-2's special token
     with pytest.raises(ValueError, match="need temperature >= 0"):
         sample_texts(model, enc, "The", 1, 2, 50, float("nan"), seed=0, device="cpu")
 

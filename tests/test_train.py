@@ -1,4 +1,4 @@
-"""The training side of train_gpt2.py: the LR schedule, one-batch overfitting, gradient accumulation, DDP
+"""The training side of train_gpt2.py: the LR schedule's wiring, one-batch overfitting, gradient accumulation, DDP
 parity, bit-exact resume, log and checkpoint formats, the presets and the command line.
 
 Runs are tiny (vocab 96, 2 layers of width 32, sequences of 16) on numpy-made shards whose token stream
@@ -21,9 +21,11 @@ import pytest
 import torch
 
 import launcher
+import run_files
 import train_gpt2
+from fineweb import get_tokenizer
 from plot import read_log
-from train_gpt2 import PRESETS, Runtime, TrainConfig, get_lr, parse_train_args, train
+from train_gpt2 import TrainConfig, get_lr, parse_train_args, train
 from helpers import child_env, measured
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -84,7 +86,7 @@ def weights(path) -> dict:
 
 
 def final_checkpoint(log_dir) -> Path:
-    paths = train_gpt2.checkpoint_paths(log_dir)
+    paths = run_files.checkpoint_paths(log_dir)
     assert paths, f"no checkpoint in {log_dir}"
     return paths[-1]
 
@@ -145,32 +147,6 @@ def small_data(tmp_path_factory) -> Path:
 # Learning-rate schedule
 
 
-def test_get_lr_warmup_cosine_and_floor():
-    max_lr, min_lr, warmup, decay = 6e-4, 6e-5, 10, 110
-    lr = lambda step: get_lr(step, max_lr, min_lr, warmup, decay)  # noqa: E731
-    assert lr(0) == pytest.approx(max_lr / warmup, rel=1e-12)  # step 0 already moves the weights
-    assert lr(4) == pytest.approx(max_lr * 5 / warmup, rel=1e-12)
-    assert lr(warmup - 1) == pytest.approx(max_lr, rel=1e-12)  # the end of the warmup
-    assert lr(warmup) == pytest.approx(max_lr, rel=1e-12)  # the top of the cosine
-    assert lr((warmup + decay) // 2) == pytest.approx((max_lr + min_lr) / 2, rel=1e-12)  # midpoint
-    quarter = warmup + (decay - warmup) // 4
-    assert lr(quarter) == pytest.approx(min_lr + (max_lr - min_lr) * (1 + math.cos(math.pi / 4)) / 2, rel=1e-12)
-    last = decay - 1
-    expected_last = min_lr + 0.5 * (1 + math.cos(math.pi * (last - warmup) / (decay - warmup))) * (max_lr - min_lr)
-    assert lr(last) == pytest.approx(expected_last, rel=1e-12) and min_lr < lr(last) < min_lr * 1.01
-    assert lr(decay) == pytest.approx(min_lr, rel=1e-12)
-    assert lr(decay + 1) == lr(10 * decay) == pytest.approx(min_lr, rel=1e-12)
-    # non-decreasing in the warmup, non-increasing after it
-    values = [lr(s) for s in range(decay + 5)]
-    assert all(a < b for a, b in zip(values[:warmup - 1], values[1:warmup]))
-    assert all(a >= b for a, b in zip(values[warmup:], values[warmup + 1:]))
-
-
-def test_get_lr_without_warmup_starts_at_max():
-    assert get_lr(0, 1e-3, 1e-4, 0, 100) == pytest.approx(1e-3, rel=1e-12)
-    assert get_lr(50, 1e-3, 1e-4, 0, 100) == pytest.approx(5.5e-4, rel=1e-12)
-
-
 def test_lr_decay_steps_is_decoupled_from_max_steps(data, tmp_path):
     """The lr the last update used (stored in the checkpoint's optimizer) follows --lr_decay_steps, not
     --max_steps; without it, the decay ends at max_steps."""
@@ -227,9 +203,9 @@ def test_gradient_accumulation_equals_one_big_batch(data, tmp_path):
 def test_total_batch_must_divide_over_the_world(data, tmp_path):
     """total_batch_size divisible by B*T but not by B*T*world is refused before anything runs."""
     cfg = TrainConfig(**settings(data, tmp_path, batch_size=2, seq_len=16, total_batch_size=96))  # 3 x 32
-    rt = Runtime(ddp=False, rank=0, local_rank=0, world_size=2, device="cpu", device_type="cpu")
+    lock = run_files.LogDirLock(cfg.log_dir, master=True)
     with pytest.raises(ValueError, match="world_size"):
-        train_gpt2.start_run(cfg, rt, train_gpt2.LogDirLock(cfg.log_dir, rt), log=lambda *a: None)
+        train_gpt2.set_up(cfg, False, 0, 2, "cpu", lock, log=lambda *a: None)  # as rank 0 of 2
     assert not (tmp_path / "log.txt").exists()
 
 
@@ -299,7 +275,7 @@ def test_resume_auto_skips_an_unreadable_newest_checkpoint(data, tmp_path):
     (written mid-run, its step's evaluations not yet logged) and ends where the uninterrupted run ended."""
     cfg = settings(data, tmp_path, batch_size=2, total_batch_size=64, max_steps=6, eval_interval=3, ckpt_interval=3)
     run_train(**cfg)
-    assert [p.name for p in train_gpt2.checkpoint_paths(tmp_path)] == ["model_00003.pt", "model_00006.pt"]
+    assert [p.name for p in run_files.checkpoint_paths(tmp_path)] == ["model_00003.pt", "model_00006.pt"]
     expected_weights, expected_log = weights(tmp_path / "model_00006.pt"), measured(tmp_path)
     newest = tmp_path / "model_00006.pt"
     newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
@@ -330,7 +306,7 @@ def test_sigterm_saves_a_checkpoint_that_resumes_exactly(data, tmp_path):
     stopped = train(TrainConfig(**cut), log=log)
     assert stopped.get("stopped") is True and stopped["step"] == 2
     assert signal.getsignal(signal.SIGTERM) == handler  # the previous handler is back
-    assert [p.name for p in train_gpt2.checkpoint_paths(tmp_path / "cut")] == ["model_00002.pt"]
+    assert [p.name for p in run_files.checkpoint_paths(tmp_path / "cut")] == ["model_00002.pt"]
     assert [s for s, _ in read_log(tmp_path / "cut" / "log.txt")["train"]] == [0, 1]
     resumed = run_train(**{**cut, "resume": "auto"})
     assert measured(tmp_path / "cut") == measured(tmp_path / "straight")
@@ -393,7 +369,7 @@ def test_log_header_and_checkpoint_contents(data, tmp_path):
     assert header["world_size"] == 1 and header["grad_accum_steps"] == 1
 
     # --keep_last 2: of 2, 4 and the final 5, the newest two remain
-    assert [p.name for p in train_gpt2.checkpoint_paths(tmp_path)] == ["model_00004.pt", "model_00005.pt"]
+    assert [p.name for p in run_files.checkpoint_paths(tmp_path)] == ["model_00004.pt", "model_00005.pt"]
     assert Path(metrics["checkpoint"]) == tmp_path / "model_00005.pt"
     ckpt = torch.load(metrics["checkpoint"], map_location="cpu", weights_only=True)
     for key in ("model", "optimizer", "model_config", "train_config", "step", "train_loader", "rng", "val_loss"):
@@ -407,9 +383,8 @@ def test_log_header_and_checkpoint_contents(data, tmp_path):
     # the final checkpoint holds the weights after the last update: they reproduce the final val loss,
     # and they differ from the step-4 weights
     model, _ = train_gpt2.load_model(metrics["checkpoint"])
-    val_shards = [train_gpt2.open_shard(data / "tmp_val_000000.npy")]
-    rt = Runtime(False, 0, 0, 1, "cpu", "cpu")
-    val = train_gpt2.evaluate_val_loss(model, val_shards, ["val"], cfg["val_tokens"], 4, 16, rt, "float32", VOCAB)
+    val_shards = [run_files.open_shard(data / "tmp_val_000000.npy")]
+    val = train_gpt2.evaluate_val_loss(model, val_shards, cfg["val_tokens"], 4, 16, "float32")
     assert val == pytest.approx(metrics["val"], abs=1e-6)
     assert max_abs_diff(weights(tmp_path / "model_00004.pt"), ckpt["model"]) > 1e-6
 
@@ -430,27 +405,40 @@ def test_zero_val_tokens_never_logs_nan(data, tmp_path):
 # Presets and the command line
 
 
-def test_defaults_are_the_gpt2_124M_recipe():
-    cfg = parse_train_args([])
-    assert cfg == TrainConfig() and cfg.max_steps == 19073
-    assert dataclasses.asdict(cfg) == {**dataclasses.asdict(TrainConfig()), **PRESETS["gpt2-124M"]}
-
-
 def test_explicit_flags_override_a_preset():
-    cfg = parse_train_args(["--preset", "gpt2-124M", "--max_steps", "5"])
-    assert cfg.max_steps == 5
-    assert (cfg.total_batch_size, cfg.batch_size, cfg.seq_len, cfg.vocab_size) == (524288, 64, 1024, 0)
-    with torch.device("meta"):  # shapes only
-        model = train_gpt2.build_model(cfg, train_gpt2.get_tokenizer(), known_tokenizer=True)
-    assert model.config.vocab_size == 50304  # 0: the data's tokenizer's, GPT-2's 50257 padded for speed
-    recipe = (cfg.max_lr, cfg.min_lr_ratio, cfg.warmup_steps, cfg.weight_decay, cfg.grad_clip)
-    assert recipe == (6e-4, 0.1, 715, 0.1, 1.0)
-    assert (cfg.eval_interval, cfg.hellaswag_interval, cfg.sample_interval, cfg.ckpt_interval) == (250, 250, 250, 5000)
-    assert (cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size) == (12, 12, 768, 1024)
-    # the flag wins wherever it stands, and over a value the preset sets
+    """A preset replaces the defaults; a flag wins over both, wherever it stands on the command line."""
     shk = parse_train_args(["--max_lr", "1e-3", "--preset", "shakespeare", "--n_layer", "2"])
     assert shk.max_lr == 1e-3 and shk.n_layer == 2
     assert (shk.n_embd, shk.vocab_size, shk.data_root, shk.device) == (128, 50257, "data/shakespeare", "auto")
+    for name, preset in train_gpt2.PRESETS.items():
+        cfg = parse_train_args(["--preset", name])
+        assert cfg == TrainConfig(**preset)
+        assert parse_train_args(["--preset", name, "--max_steps", "5"]) == dataclasses.replace(cfg, max_steps=5)
+
+
+def test_every_field_is_a_flag_typed_by_its_default_and_documented(capsys):
+    """The whole flag mechanism: a TrainConfig field is a flag of its name, its type its default's, its help the
+    comment on its line; a field of another type is refused with the reason."""
+    with pytest.raises(SystemExit):
+        parse_train_args(["-h"])
+    usage = capsys.readouterr().out
+    for f in dataclasses.fields(TrainConfig):
+        assert f"--{f.name}" in usage and type(f.default) in (bool, int, float, str), f.name
+    assert "micro-batch B: sequences per forward pass per process" in usage  # batch_size's comment
+    assert parse_train_args(["--max_lr", "3e-4", "--shuffle", "yes", "--seed", "7"]).max_lr == 3e-4
+    with pytest.raises(SystemExit):
+        parse_train_args(["--seed", "7.5"])  # an int flag takes ints only
+    assert "invalid int value: '7.5'" in capsys.readouterr().err
+
+
+def test_a_field_without_a_flag_type_is_refused(monkeypatch):
+    @dataclasses.dataclass
+    class WithTuple(TrainConfig):
+        betas: tuple = (0.9, 0.95)  # the two betas at once
+
+    monkeypatch.setattr(train_gpt2, "TrainConfig", WithTuple)
+    with pytest.raises(TypeError, match=r"TrainConfig.betas: default \(0.9, 0.95\) has no flag type"):
+        parse_train_args([])
 
 
 @pytest.mark.parametrize("text, value", [("true", True), ("false", False), ("1", True), ("0", False)])
@@ -459,8 +447,8 @@ def test_booleans_take_a_value(text, value):
     assert parse_train_args(["--shuffle", text]).shuffle is value
 
 
-def test_optional_lr_decay_steps_parses_as_int():
-    assert parse_train_args([]).lr_decay_steps is None
+def test_lr_decay_steps_zero_means_max_steps():
+    assert parse_train_args([]).lr_decay_steps == 0
     assert parse_train_args(["--lr_decay_steps", "40"]).lr_decay_steps == 40
 
 
@@ -474,7 +462,7 @@ CLI_ERRORS = {
     "seq_len > block_size": (["--seq_len", "64"], 2, "exceeds --block_size"),
     "zero batch": (["--batch_size", "0"], 2, "--batch_size must be positive"),
     "negative steps": (["--max_steps", "-3"], 2, "--max_steps must be positive"),
-    "zero decay steps": (["--lr_decay_steps", "0"], 2, "--lr_decay_steps must be positive"),
+    "negative decay steps": (["--lr_decay_steps", "-1"], 2, "--lr_decay_steps must be >= 0"),
     "missing data": (["--data_root", "{missing}"], 1, "fineweb.py"),
     "vocab too small": (["--vocab_size", "50"], 1, "vocab_size"),
     "val split too short": (["--val_tokens", "8192"], 1, "val_tokens"),
