@@ -16,6 +16,10 @@ Sections (--only picks some; explicit flags override the preset):
   compare    whole `train_gpt2.py --preset NAME` runs of an older revision (--compare_rev) and of this tree,
              alternating: median ms/step, tok/s, the speed-up and the train losses' difference. Minutes, so only
              when asked for: python bench.py --only compare
+  compile    the first torch.compile'd training step (graph capture, compilation and the step) of a 1-layer model at
+             B x T = 64 x 1024 rows, with F.cross_entropy and with the chunked loss at 8 and at 64 chunks (the count
+             before it was bounded): seconds, each in a fresh process with an empty compile cache. Minutes on a CPU,
+             so only when asked for: python bench.py --only compile
 
 Models have random weights: speed does not depend on them. Each timed quantity is the best (or median) of
 repeated runs, interleaved across the variants compared, so load from other processes hits them alike; on a
@@ -54,11 +58,11 @@ import fineweb
 import run_files
 import train_gpt2
 from run_files import peak_flops
-from train_gpt2 import GPT, GPTConfig, autocast_context, flops_per_token
+from train_gpt2 import GPT, ChunkedCrossEntropy, GPTConfig, autocast_context, flops_per_token
 
 HERE = Path(__file__).resolve().parent
-SECTIONS = ("train", "generate", "hellaswag", "loader", "fineweb", "compare")
-DEFAULT_SECTIONS = SECTIONS[:-1]  # compare runs whole programs for minutes: only when --only names it
+SECTIONS = ("train", "generate", "hellaswag", "loader", "fineweb", "compare", "compile")
+DEFAULT_SECTIONS = SECTIONS[:-2]  # compare and compile run whole programs for minutes: only when --only names them
 
 # ----------------------------------------------------------------------------------------------------------
 # Presets: every flag's value per preset; explicit flags override them.
@@ -692,9 +696,70 @@ def format_compare(r: dict) -> str:
     return format_table(title, columns, r["rows"]) + "\n" + note + "\nrun s: a whole process, start-up and checkpoint included"
 
 
+# ----------------------------------------------------------------------------------------------------------
+# compile: the cost of the first compiled step, against the chunked loss's number of chunks
+
+COMPILE_CASES = (("F.cross_entropy (the default loss)", 0), ("chunked loss, at most 8 chunks (--chunked_loss)", 8),
+                 ("chunked loss, 64 chunks of 1,024 rows (before the bound)", 64))
+
+
+def compile_case(max_chunks: int, B: int, T: int, n_embd: int, vocab: int) -> dict:
+    """In this process: a compiled 1-layer GPT's first training step (forward and backward) on (B, T) tokens, cold,
+    then a second one; max_chunks 0 is GPT.forward's default loss, 8 its --chunked_loss, others the chunked loss at
+    that bound (64 at B*T = 65,536 rows is the chunk count of 1,024-row chunks, as before the bound)."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=T, vocab_size=vocab, n_layer=1, n_head=1, n_embd=n_embd))
+    model.chunked_loss = max_chunks == 8
+
+    def loss_of(x, y):
+        if max_chunks in (0, 8):
+            return model(x, y)[1]
+        return ChunkedCrossEntropy.apply(model.features(x).flatten(0, 1), model.lm_head.weight, y.flatten(), True,
+                                         max_chunks)
+
+    step = torch.compile(loss_of)
+    x, y = torch.randint(0, vocab, (B, T)), torch.randint(0, vocab, (B, T))
+    seconds = []
+    for _ in range(2):
+        t0 = time.perf_counter()
+        step(x, y).backward()
+        seconds.append(time.perf_counter() - t0)
+    return {"first_s": seconds[0], "second_s": seconds[1]}
+
+
+def bench_compile(args, device: str) -> dict:
+    """compile_case for each loss, each in a fresh process with an empty inductor cache (a cold start)."""
+    B, T, C, V = 64, 1024, 64, 8192  # the gpt2-124M batch's rows; width and vocabulary do not change the graph's size
+    rows = []
+    for label, max_chunks in COMPILE_CASES:
+        progress(f"compile: {label}")
+        with tempfile.TemporaryDirectory(prefix="bench-compile-") as cache:
+            env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache)
+            if args.threads:
+                env["OMP_NUM_THREADS"] = str(args.threads)
+            code = f"import bench, json; print(json.dumps(bench.compile_case({max_chunks}, {B}, {T}, {C}, {V})))"
+            proc = subprocess.run([sys.executable, "-c", code], cwd=HERE, env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{label}: {(proc.stderr.strip().splitlines() or ['no output'])[-1]}")
+        chunks = 1 if max_chunks == 0 else min(max_chunks, B * T // 1024)
+        rows.append({"loss": label, "chunks": chunks, **json.loads(proc.stdout.strip().splitlines()[-1])})
+    for row in rows:
+        row["vs_default"] = row["first_s"] / rows[0]["first_s"]
+    return {"B": B, "T": T, "n_embd": C, "vocab": V, "rows": rows}
+
+
+def format_compile(r: dict) -> str:
+    title = (f"first compiled training step, cold (1-layer GPT, width {r['n_embd']}, vocab {r['vocab']:,}, "
+             f"B x T = {r['B']} x {r['T']}; each in a fresh process with an empty compile cache)")
+    columns = [("loss", "loss", "s"), ("chunks", "chunks", "d"), ("first_s", "first step s", ".1f"),
+               ("second_s", "second step s", ".2f"), ("vs_default", "first vs default", ".2f")]
+    return format_table(title, columns, r["rows"])
+
+
 BENCHES = {"train": (bench_train, format_train), "generate": (bench_generate, format_generate),
            "hellaswag": (bench_hellaswag, format_hellaswag), "loader": (bench_loader, format_loader),
-           "fineweb": (bench_fineweb, format_fineweb), "compare": (bench_compare, format_compare)}
+           "fineweb": (bench_fineweb, format_fineweb), "compare": (bench_compare, format_compare),
+           "compile": (bench_compile, format_compile)}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -708,7 +773,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--preset", choices=sorted(PRESETS), default="cpu", help="sizes of every section; flags override them")
     add("--quick", action="store_true", help="the same as --preset quick: tiny sizes, seconds")
     add("--only", default=",".join(DEFAULT_SECTIONS),
-        help=f"comma-separated sections to run, of {','.join(SECTIONS)} (default: all but compare)")
+        help=f"comma-separated sections to run, of {','.join(SECTIONS)} (default: all but compare and compile)")
     add("--json", default="bench.json", help="where to write the results (atomically)")
     add("--device", choices=["auto", "cpu", "cuda"], help="auto: cuda if available, else cpu")
     add("--dtype", choices=["float32", "bfloat16"], help="autocast dtype of train, generate and hellaswag")
