@@ -57,8 +57,8 @@ import torch
 import fineweb
 import run_files
 import train_gpt2
-from run_files import peak_flops
-from train_gpt2 import GPT, ChunkedCrossEntropy, GPTConfig, autocast_context, flops_per_token
+from run_files import ChunkedCrossEntropy, peak_flops
+from train_gpt2 import GPT, GPTConfig, autocast_context, flops_per_token
 
 HERE = Path(__file__).resolve().parent
 SECTIONS = ("train", "generate", "hellaswag", "loader", "fineweb", "compare", "compile")

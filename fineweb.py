@@ -330,6 +330,21 @@ def tokenizer_from_manifest(info: dict):
     return CharTokenizer(info["vocab"])
 
 
+def tokenizer_info(enc) -> dict:
+    """What tokenizer_from_manifest needs to rebuild enc (checkpoints record it): its name, and a char vocabulary."""
+    return {"tokenizer": enc.name, "vocab": getattr(enc, "chars", None)}
+
+
+def token_byte_lengths(enc) -> np.ndarray:
+    """UTF-8 bytes of each token id's text (int64, one per id); special tokens such as <|endoftext|> are 0: they
+    mark document boundaries, they are not text."""
+    if enc.name == "char":
+        return np.array([len(c.encode("utf-8")) for c in enc.chars], dtype=np.int64)
+    special = {enc.encode_single_token(t) for t in enc.special_tokens_set}
+    return np.array([0 if i in special else len(enc.decode_single_token_bytes(i)) for i in range(enc.n_vocab)],
+                    dtype=np.int64)
+
+
 def load_tokenizer(chars: Optional[str] = None):
     """GPT-2's encoding, or a CharTokenizer over chars."""
     return get_tokenizer() if chars is None else CharTokenizer(chars)

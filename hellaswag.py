@@ -38,7 +38,7 @@ import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -352,12 +352,19 @@ def _score_rendered(
     vocab_limit: int,
     progress: bool = False,
     packed: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sum_loss, mean_loss), each (n, 4) float32 on the CPU, in the order of `rendered`."""
+    should_stop: Optional[Callable[[], bool]] = None,
+    world_size: int = 1,
+) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+    """(sum_loss, mean_loss), each (n, 4) float32 on the CPU, in the order of `rendered`; None if should_stop(),
+    asked before each batch (as often on every rank of world_size: it may be a collective), said to stop."""
     from tqdm import tqdm
 
     length = _packed_length if packed else (lambda item: item[0].size(1))  # what a batch is padded to
     batches = _batches([length(item) for item in rendered], batch_size)
+    if should_stop is not None and world_size > 1:  # ranks may have a batch more or less: ask as often as the most
+        count = torch.tensor([len(batches)], device=device)
+        torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
+        batches += [[]] * (int(count.item()) - len(batches))
     sum_loss = torch.zeros((len(rendered), N_ENDINGS))
     mean_loss = torch.zeros((len(rendered), N_ENDINGS))
     device_type = torch.device(device).type
@@ -365,6 +372,10 @@ def _score_rendered(
     model.eval()
     try:
         for batch in tqdm(batches, desc="hellaswag", unit="batch", disable=not progress):
+            if should_stop is not None and should_stop():
+                return None
+            if not batch:
+                continue
             items = [rendered[i] for i in batch]
             with torch.autocast(device_type=device_type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
                 s, m = (_losses_packed if packed else _losses_full)(model, items, device, vocab_limit)
@@ -406,14 +417,16 @@ def evaluate(
     rank: int = 0,
     world_size: int = 1,
     progress: bool = False,
-) -> dict:
+    should_stop: Optional[Callable[[], bool]] = None,
+) -> Optional[dict]:
     """HellaSwag accuracy of our GPT: dict(n, correct, correct_norm, acc, acc_norm) over all examples, with
     enc the GPT-2 tokenizer (fineweb.get_tokenizer(); passed in, the model's own).
 
     batch_size counts examples per batch (one packed row each). Under DDP every rank calls this with the same
     examples and its own rank; rank r scores examples i % world_size == r and the counts are all-reduced, so
     every rank returns the single-process result. Pass the plain model (not the DDP wrapper, and uncompiled:
-    every batch has a new length). It runs in eval mode without gradients and restores the model's mode."""
+    every batch has a new length). It runs in eval mode without gradients and restores the model's mode.
+    should_stop() is asked before each batch, the same number of times on every rank; True ends it: None."""
     if not examples:
         raise ValueError("no HellaSwag examples to evaluate")
     if not 0 <= rank < world_size:
@@ -427,7 +440,11 @@ def evaluate(
         error = e
     if any_rank(error is not None, world_size, device):
         raise error or ValueError("HellaSwag examples failed validation on another rank (see its error)")
-    sum_loss, mean_loss = _score_rendered(model, rendered, device, batch_size, autocast_dtype, enc.n_vocab, progress)
+    scores = _score_rendered(model, rendered, device, batch_size, autocast_dtype, enc.n_vocab, progress,
+                             should_stop=should_stop, world_size=world_size)
+    if scores is None:
+        return None
+    sum_loss, mean_loss = scores
     labels = torch.tensor([label for _, _, label in rendered], dtype=torch.long)
     correct = (sum_loss.argmin(dim=1) == labels).sum()
     correct_norm = (mean_loss.argmin(dim=1) == labels).sum()

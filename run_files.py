@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import fcntl
+import hashlib
 import json
 import math
 import os
@@ -28,6 +29,7 @@ from typing import Optional
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 
 class NonFiniteError(RuntimeError):
@@ -35,11 +37,17 @@ class NonFiniteError(RuntimeError):
 
 
 def check_path(path: str | os.PathLike, what: str, is_dir: bool) -> Path:
-    """path, if it is there and of the right kind; else one line naming it: missing, a symlink loop, no permission,
-    a file where a directory belongs or the other way round."""
+    """path, if it is there and of the right kind; else one line naming it: an empty path, missing, a symlink loop, no
+    permission, a file where a directory belongs or the other way round, or not a regular file (a FIFO, which a read
+    would wait on forever, a device, a socket)."""
+    if not str(path):
+        raise ValueError(f"{what} is an empty path")
     try:
-        if stat.S_ISDIR((p := Path(path)).stat().st_mode) != is_dir:
+        mode = (p := Path(path)).stat().st_mode
+        if stat.S_ISDIR(mode) != is_dir:
             raise ValueError(f"{what} {path} is a {'file' if is_dir else 'directory'}, not a {'directory' if is_dir else 'file'}")
+        if not is_dir and not stat.S_ISREG(mode):
+            raise ValueError(f"{what} {path} is not a regular file (a FIFO, device or socket)")
     except FileNotFoundError:
         raise FileNotFoundError(f"{what} {path} does not exist") from None
     except OSError as e:
@@ -61,15 +69,17 @@ def shard_name(prefix: str, index: int) -> str:
     return f"{prefix}_{'val' if index == 0 else 'train'}_{index:06d}.npy"
 
 
-def find_shards(data_root: str | os.PathLike) -> tuple[dict[str, list[Path]], Optional[dict], Optional[str]]:
+def find_shards(data_root: str | os.PathLike, tokenizer: str = "auto") -> tuple[dict[str, list[Path]], Optional[dict], Optional[str]]:
     """({"train": [...], "val": [...]}, manifest or None, a note for the log). fineweb.py writes manifest.json last:
     with one, exactly the shards it lists (sizes checked when opened); without one, shards of a single prefix that
-    another tool wrote (build-nanogpt's edufineweb_*.npy), never a corpus fineweb.py did not finish."""
+    another tool wrote (build-nanogpt's edufineweb_*.npy), never a corpus fineweb.py did not finish. A missing
+    directory is told the fineweb.py command that makes it, in `tokenizer`'s tokens (char: the built-in corpus)."""
     try:
         root = check_path(data_root, "data directory", is_dir=True)
     except FileNotFoundError as e:
-        raise FileNotFoundError(f"{e}; create it with `python fineweb.py` (or `python fineweb.py --local input.txt "
-                                f"--out_dir {data_root}` for the built-in corpus)") from None
+        local = f"python fineweb.py --local input.txt --out_dir {data_root}"
+        raise FileNotFoundError(f"{e}; create it with `{local} --tokenizer char`" if tokenizer == "char" else
+                                f"{e}; create it with `python fineweb.py` (or `{local}` for the built-in corpus)") from None
     if (root / "manifest.json").exists():
         try:
             manifest = json.loads((root / "manifest.json").read_text())
@@ -151,9 +161,15 @@ def readable(path: Path) -> bool:
 
 
 def newest_usable_checkpoint(log_dir: Path, log) -> tuple[Optional[Path], Optional[dict]]:
-    """The checkpoint written last in log_dir that can be resumed; the ones passed over are named in warnings."""
-    for path in sorted(checkpoint_paths(log_dir) if log_dir.is_dir() else [], reverse=True,
-                       key=lambda p: (p.stat().st_mtime_ns, checkpoint_step(p))):
+    """The checkpoint written last in log_dir that can be resumed; the ones passed over (unreadable, a dangling
+    symbolic link) are named in warnings."""
+    found = []
+    for path in checkpoint_paths(log_dir) if log_dir.is_dir() else []:
+        try:
+            found.append((path.stat().st_mtime_ns, checkpoint_step(path), path))
+        except OSError as e:  # a dangling symbolic link, say
+            log(f"warning: skipping unusable checkpoint: {path}: {e.strerror}")
+    for *_, path in sorted(found, reverse=True):
         try:
             return path, check_training_checkpoint(path, load_checkpoint(path))
         except (OSError, ValueError) as e:
@@ -161,50 +177,111 @@ def newest_usable_checkpoint(log_dir: Path, log) -> tuple[Optional[Path], Option
     return None, None
 
 
-def find_resume_checkpoint(resume: str, log_dir: Path, log) -> tuple[Optional[Path], Optional[dict]]:
-    """--resume's checkpoint: '' none, 'auto' the usable one written last in log_dir (if any), else the file."""
-    if resume == "auto":
+def find_resume_checkpoint(resume: str, log_dir: Path, rank: int, world_size: int, log) -> tuple[Optional[Path], Optional[dict]]:
+    """--resume's checkpoint: '' none, 'auto' the usable one written last in log_dir (if any), else the file. Rank 0
+    chooses and every rank loads that file: log_dirs on node-local disks never let ranks resume different states;
+    if any rank cannot read it, every rank stops, naming that rank."""
+    path, ckpt = None, None
+    if rank == 0 and resume == "auto":
         path, ckpt = newest_usable_checkpoint(log_dir, log)
         if ckpt is None:
             log(f"no checkpoint in {log_dir}: starting fresh")
-        return path, ckpt
-    return (Path(resume), check_training_checkpoint(Path(resume), load_checkpoint(resume))) if resume else (None, None)
+    elif rank == 0 and resume:
+        path = Path(resume)
+    if world_size > 1:
+        box = [None if path is None else str(path)]
+        dist.broadcast_object_list(box, src=0)  # rank 0's choice, on every rank
+        path = None if box[0] is None else Path(box[0])
+    error = None
+    if path is not None and ckpt is None:
+        try:
+            ckpt = check_training_checkpoint(path, load_checkpoint(path))
+        except (OSError, ValueError) as e:
+            error = e
+    if world_size > 1:
+        errors = [None] * world_size
+        dist.all_gather_object(errors, None if error is None else str(error))
+        if (bad := next((r for r, e in enumerate(errors) if e), None)) is not None:
+            raise ValueError(f"rank {bad} cannot resume from {path} (rank 0's choice): {errors[bad]}; every rank "
+                             "needs that file: use a --log_dir all nodes share, or copy it to the same path on each")
+    elif error is not None:
+        raise error
+    return path, ckpt
 
 
-def check_resumable(path: Path, ckpt: dict, model_config: dict, max_steps: int, optimizers: int):
-    """A resume is refused in one line when the checkpoint cannot continue this run: another model shape, a step past
-    --max_steps, another optimizer."""
-    if ckpt["model_config"] != model_config:
+# Flags a resumed run may not change: the model (checked by its shape), the optimizer, and the batches' geometry and
+# order (the loader's position counts windows of B x T + 1 tokens, in an order the seed draws). Every other flag
+# may change, and does: the schedule, its values and the intervals are read at every step, and the optimizers'
+# hyper-parameters (weight decay, betas, Muon's LR) are set anew from the flags after their state is loaded.
+FIXED_ON_RESUME = ("optimizer", "batch_size", "seq_len", "shuffle", "seed")
+
+
+def check_resumable(path: Path, ckpt: dict, model_config: dict, cfg: dict, data: dict):
+    """A resume is refused in one line when the checkpoint cannot continue this run: another model (dropout aside,
+    which the run sets), a step past --max_steps, a flag of FIXED_ON_RESUME changed, or other data: another
+    tokenizer or vocabulary, or a corpus of another fingerprint (ckpt['model_config'] filled in with today's fields)."""
+    if {**ckpt["model_config"], "dropout": 0} != {**model_config, "dropout": 0}:
         raise ValueError(f"{path} holds a model of shape {ckpt['model_config']}, this run builds {model_config}")
-    if ckpt["step"] > max_steps:
-        raise ValueError(f"--max_steps {max_steps} is below the step of {path} ({ckpt['step']}): raise --max_steps, "
-                         "or resume an earlier checkpoint with --resume PATH")
-    if (ckpt.get("muon") is None) != (optimizers == 1):
-        raise ValueError(f"{path} was trained with another --optimizer; resume it with the same one")
+    if ckpt["step"] > cfg["max_steps"]:
+        raise ValueError(f"--max_steps {cfg['max_steps']} is below the step of {path} ({ckpt['step']}): raise "
+                         "--max_steps, or resume an earlier checkpoint with --resume PATH")
+    saved = ckpt.get("train_config", {})
+    if changed := next((k for k in FIXED_ON_RESUME if k in saved and saved[k] != cfg[k]), None):
+        raise ValueError(f"{path} was trained with --{changed} {saved[changed]}, this run asks {cfg[changed]}: resume "
+                         f"with --{changed} {saved[changed]}, or start from its weights with --init_from {path}")
+    start_over = f"resume it on its own data, or start from its weights on purpose with --init_from {path}"
+    tokenizer = {"tokenizer": "gpt2", "vocab": None, **ckpt.get("tokenizer", {})}  # older checkpoints: GPT-2's
+    if tokenizer != data["tokenizer"]:
+        what = "another vocabulary" if tokenizer["tokenizer"] == data["tokenizer"]["tokenizer"] else "another tokenizer"
+        raise ValueError(f"{path} was trained with {tokenizer['tokenizer']} tokens; the data in {cfg['data_root']} has "
+                         f"{what} ({data['tokenizer']['tokenizer']}), so its ids mean other text: {start_over}")
+    saved_fingerprint = ckpt.get("data", {}).get("fingerprint")
+    if saved_fingerprint and saved_fingerprint != data["fingerprint"]:
+        raise ValueError(f"{path} was trained on other data than {cfg['data_root']} holds (corpus fingerprint "
+                         f"{saved_fingerprint[:12]} there, {data['fingerprint'][:12]} here): {start_over}")
 
 
-def choose_lineage(log_dir: Path, path: Optional[Path], ckpt: Optional[dict], ddp: bool, log) -> dict:
-    """This run's lineage {id, parent, suffix}. Resuming the newest readable checkpoint of a lineage continues it
-    (its id and file names); a fresh run, or a resume from an older checkpoint (a branch), starts a new one. A
-    log_dir's first lineage writes model_{step:05d}.pt, any other model_{step:05d}_{id}.pt, so that no run writes
-    over or prunes a checkpoint of another lineage."""
-    ids = [secrets.token_hex(4)]
-    if ddp:
-        dist.broadcast_object_list(ids, src=0)  # rank 0's, on every rank
-    lineage = {"id": ids[0], "parent": None}
-    if ckpt is not None:
-        suffix = (m[2] or "") if (m := CHECKPOINT.fullmatch(path.name)) else None  # None: not named as we name them
-        if suffix is None or any(checkpoint_step(p) > ckpt["step"] and readable(p) for p in checkpoint_paths(path.parent, suffix)):
-            lineage["parent"] = {"file": str(path), "step": ckpt["step"]}  # a branch: a new lineage
-        else:  # continue its lineage, with its file names if it lives here
-            lineage = ckpt.get("lineage") or {"id": suffix[1:] or ids[0], "parent": None}
-            if path.parent.resolve() == log_dir.resolve():
-                log_lineage(log_dir, path, ckpt, lineage := {**lineage, "suffix": suffix}, log)
-                return lineage
-    taken = log_dir.is_dir() and checkpoint_paths(log_dir, "")  # another lineage holds the plain names
-    lineage["suffix"] = f"_{lineage['id']}" if taken else ""
-    log_lineage(log_dir, path, ckpt, lineage, log)
-    return lineage
+def resume_changes(saved: dict, cfg: dict) -> list[str]:
+    """The flags a resumed run sets otherwise than its checkpoint's run did, as '--name old -> new' (all applied)."""
+    quiet = ("resume", "log_dir", "data_root", "device", "init_from")  # where things are, not what is computed
+    return [f"--{k} {saved[k]} -> {v}" for k, v in cfg.items() if k in saved and saved[k] != v and k not in quiet]
+
+
+def corpus_fingerprint(manifest: Optional[dict], paths: list[Path]) -> str:
+    """fineweb.py's fingerprint of a corpus, computed once as it wrote the shards (a hash of their bytes); for
+    shards without one (another tool's, or an older manifest), a hash of their names and sizes."""
+    if manifest and manifest.get("fingerprint"):
+        return manifest["fingerprint"]
+    listing = "\n".join(f"{p.name} {p.stat().st_size}" for p in sorted(paths))
+    return "names-and-sizes:" + hashlib.sha256(listing.encode()).hexdigest()
+
+
+def choose_lineage(log_dir: Path, path: Optional[Path], ckpt: Optional[dict], rank: int, world_size: int, log) -> dict:
+    """This run's lineage {id, parent, suffix, wandb_id}, chosen by rank 0 from its log_dir and sent to every rank.
+    Resuming the newest readable checkpoint of a lineage continues it (its id, file names and wandb run); a fresh run,
+    or a resume from an older checkpoint (a branch), starts a new one. A log_dir's first lineage writes
+    model_{step:05d}.pt, any other model_{step:05d}_{id}.pt, so that no run writes over or prunes a checkpoint of
+    another lineage."""
+    box = [None]
+    if rank == 0:
+        new_id = secrets.token_hex(4)
+        lineage, suffix = {"id": new_id, "parent": None, "wandb_id": new_id}, None
+        if ckpt is not None:
+            suffix = (m[2] or "") if (m := CHECKPOINT.fullmatch(path.name)) else None  # None: not named as we name them
+            if suffix is None or any(checkpoint_step(p) > ckpt["step"] and readable(p)
+                                     for p in checkpoint_paths(path.parent, suffix)):
+                lineage["parent"], suffix = {"file": str(path), "step": ckpt["step"]}, None  # a branch: a new lineage
+            else:  # continue its lineage, with its file names if it lives here
+                lineage = {"wandb_id": new_id, **(ckpt.get("lineage") or {"id": suffix[1:] or new_id, "parent": None})}
+                suffix = suffix if path.parent.resolve() == log_dir.resolve() else None
+        if suffix is None:
+            taken = log_dir.is_dir() and checkpoint_paths(log_dir, "")  # another lineage holds the plain names
+            suffix = f"_{lineage['id']}" if taken else ""
+        box = [{**lineage, "suffix": suffix}]
+        log_lineage(log_dir, path, ckpt, box[0], log)
+    if world_size > 1:
+        dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def log_lineage(log_dir: Path, path: Optional[Path], ckpt: Optional[dict], lineage: dict, log):
@@ -232,6 +309,15 @@ def save_checkpoint(log_dir: Path, step: int, lineage: dict, state: dict, keep_l
     return path
 
 
+def load_optimizer_state(opt: torch.optim.Optimizer, state: dict):
+    """A checkpoint's optimizer state (moments, step counts) under this run's hyper-parameters: load_state_dict alone
+    would bring back the old run's weight decay, betas and LR scale too, while header.txt records the new ones."""
+    hyper = [{k: v for k, v in group.items() if k != "params"} for group in opt.param_groups]
+    opt.load_state_dict(state)
+    for group, values in zip(opt.param_groups, hyper):
+        group.update(values)
+
+
 def capture_rng_state() -> dict:
     """The RNGs a run draws from (torch's, CPU and CUDA: dropout), as tensors (weights_only-loadable)."""
     return {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
@@ -241,6 +327,43 @@ def restore_rng_state(state: dict):
     torch.set_rng_state(state["torch"])
     if state["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The chunked loss: what an experiment on the loss edits is GPT.forward's F.cross_entropy; this computes the same
+
+class ChunkedCrossEntropy(torch.autograd.Function):
+    """GPT.forward's loss with --chunked_loss: the same mean cross-entropy of the logits h @ weight.T over targets != -100,
+    computed a chunk of rows at a time, so that no (N, V) tensor of logits or of their gradient ever exists. With
+    `grad`, forward also makes the gradients from each chunk's softmax (backward would have to recompute the logits)
+    and backward only scales them. Exact. It pays where the logits dominate: memory at large B*T, and speed on a CPU
+    with GPT-2's 50k vocabulary. torch.compile unrolls the loop over chunks and its compile time grows with their
+    number, so their count is bounded (max_chunks) rather than their size (at least min_rows rows each)."""
+
+    @staticmethod
+    def forward(ctx, h, weight, targets, grad: bool, max_chunks: int = 8, min_rows: int = 1024):  # h (N, C), weight (V, C)
+        loss, n, chunk = 0.0, (targets != -100).sum(), max(min_rows, -(-h.size(0) // max_chunks))  # chunk: rows per chunk
+        grad_h, grad_w = (torch.empty_like(h), torch.zeros_like(weight)) if grad else (None, None)
+        for i in range(0, h.size(0), chunk):
+            hc, tc = h[i : i + chunk], targets[i : i + chunk, None]  # (c, C), (c, 1)
+            valid, tc = tc != -100, tc.clamp(min=0)  # ignored rows point at id 0, with weight 0
+            z = F.linear(hc, weight)  # (c, V) logits, bf16 under autocast: softmax in fp32
+            z = z.to(torch.promote_types(z.dtype, torch.float32))
+            z -= z.amax(dim=1, keepdim=True)  # each row's largest logit is now 0: exp cannot overflow
+            target_z, p = z.gather(1, tc), z.exp_()  # one exp over the chunk, in place
+            total = p.sum(dim=1, keepdim=True)
+            loss = loss + torch.where(valid, total.log() - target_z, 0).sum()  # -log softmax of each target
+            if grad:
+                p = p.div_(total).scatter_add_(1, tc, -valid.to(p.dtype))  # d loss / d logits: softmax - one_hot
+                grad_h[i : i + chunk] = (p @ weight) * valid
+                grad_w += p.t() @ (hc * valid)
+        ctx.save_for_backward(grad_h, grad_w, n)
+        return loss / n
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        grad_h, grad_w, n = ctx.saved_tensors
+        return grad_h * (grad_loss / n), grad_w * (grad_loss / n), None, None, None, None
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -307,14 +430,15 @@ def atomic_write(path: Path, write):
         tmp.unlink(missing_ok=True)
 
 
-def write_header(log_dir: Path, info: dict):
+def write_header(log_dir: Path, info: dict, log):
     """Append this run's settings (info), the time, the command line and the versions to log_dir/header.txt: one
-    JSON block per start or resume."""
+    JSON block per start or resume. First a torn last line of log.txt (an interrupted write) is dropped, said in log."""
+    if note := repair_log(log_dir / "log.txt"):
+        log(note)
     gpu = torch.cuda.get_device_name() if str(info.get("device", "")).startswith("cuda") else None
     info = {"time": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv, **info, "python": platform.python_version(),
             "torch": torch.__version__, "gpu": gpu}
-    with open(log_dir / "header.txt", "a") as f:
-        f.write(json.dumps(info, indent=1) + "\n")
+    append_line(log_dir / "header.txt", json.dumps(info, indent=1) + "\n")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -322,39 +446,111 @@ def write_header(log_dir: Path, info: dict):
 
 # How each metric reads on stdout; log.txt and wandb get every value as measured. A kind missing here needs no
 # entry: it prints as `kind value`.
-SHOW = {"train": "loss {:.6f}", "val": "val loss {:.4f}", "hella": "HellaSwag acc_norm {:.4f}", "lr": "lr {:.4e}",
-        "norm": "norm {:.4f}", "ms": "{:7.1f} ms", "tok_per_s": "{:9.0f} tok/s", "mfu": "MFU {:6.2%}"}
+SHOW = {"train": "loss {:.6f}", "val": "val loss {:.4f}", "bpb": "val bpb {:.4f}", "hella": "HellaSwag acc_norm {:.4f}",
+        "lr": "lr {:.4e}", "norm": "norm {:.4f}", "ms": "{:7.1f} ms", "tok_per_s": "{:9.0f} tok/s", "mfu": "MFU {:6.2%}",
+        "epoch": "epoch {:.2f}"}
 
 
 class Metrics:
     """The one sink of measured values. report(step, kind=value, ...) is called once, where they are measured:
-    it prints them as one line, appends a `step kind value` line each to log_dir/log.txt (what plot.py and
-    play.ipynb read) and sends them to wandb when it is on. Only rank 0 writes; every rank keeps `latest`."""
+    it prints them as one line (a training step's with step/total and the time left, an evaluation's marked `eval`),
+    appends a `step kind value` line each to log_dir/log.txt (what plot.py and play.ipynb read) in one write, and
+    sends them to wandb when it is on. Only rank 0 writes; every rank keeps `latest`."""
 
-    def __init__(self, log_dir: str | os.PathLike, enabled: bool, echo, wandb_project: str = "", config: Optional[dict] = None):
-        self.path, self.enabled, self.echo = Path(log_dir) / "log.txt", enabled, echo
-        self.wandb_run = start_wandb(wandb_project, config or {}) if enabled and wandb_project else None
-        self.latest: dict[str, float] = {}  # the newest value of each kind: train() returns them
+    def __init__(self, log_dir: str | os.PathLike, enabled: bool, echo, max_steps: int, wandb: Optional[dict] = None,
+                 latest: Optional[dict] = None):
+        self.path, self.enabled, self.echo, self.max_steps = Path(log_dir) / "log.txt", enabled, echo, max_steps
+        self.wandb_run = start_wandb(**wandb) if enabled and wandb else None
+        self.latest: dict[str, float] = dict(latest or {})  # the newest value of each kind: train() returns them
+        self.clock: Optional[tuple[int, float]] = None  # (step, time) of the first step reported: the time left
 
     def report(self, step: int, **values: float):
+        if self.enabled and "epoch" in values and int(values["epoch"]) > int(self.latest.get("epoch") or values["epoch"]):
+            self.echo(f"note: epoch {int(values['epoch'])} began in step {step}: the train split is being read again")
         self.latest.update(values)
+        if not self.enabled:
+            return
+        fields = " | ".join(SHOW.get(k, k + " {:.6g}").format(v) for k, v in values.items())
+        if "train" in values:
+            self.echo(f"step {step:5d}/{self.max_steps} | {fields}{self.time_left(step)}")
+        else:
+            self.echo(f"eval {step:5d}/{self.max_steps} | {fields}")
+        append_line(self.path, "".join(f"{step} {kind} {value:.8g}\n" for kind, value in values.items()))
+        if self.wandb_run is not None:
+            self.wandb_run.log(values, step=step)
+
+    def time_left(self, step: int) -> str:
+        """' | 1h02m left', from the wall time per step since the first one (evaluations included), else ''."""
+        now = time.time()
+        if self.clock is None or step <= self.clock[0]:
+            self.clock = (step, now)
+            return ""
+        left = (now - self.clock[1]) / (step - self.clock[0]) * (self.max_steps - 1 - step)
+        return f" | {int(left // 3600)}h{int(left % 3600 // 60):02d}m left" if left >= 60 else f" | {left:.0f}s left"
+
+    def report_samples(self, step: int, texts: list[str]):
+        """Samples as text (their line breaks kept), and to wandb as a table."""
         if self.enabled:
-            self.echo(f"step {step:5d} | " + " | ".join(SHOW.get(k, k + " {:.6g}").format(v) for k, v in values.items()))
-            with open(self.path, "a") as f:  # appended: a resumed run continues the same file
-                f.writelines(f"{step} {kind} {value:.8g}\n" for kind, value in values.items())
+            for i, text in enumerate(texts):
+                self.echo(f"sample {i} at step {step}:\n{text}\n")
             if self.wandb_run is not None:
-                self.wandb_run.log(values, step=step)
+                import wandb
+
+                self.wandb_run.log({"samples": wandb.Table(columns=["step", "sample"], data=[[step, t] for t in texts])},
+                                   step=step)
 
     def finish(self):
         if self.wandb_run is not None:
             self.wandb_run.finish()
 
 
-def start_wandb(project: str, config: dict):
-    """A Weights & Biases run in `project`, its config recorded."""
+def summary(log_dir: str, result: dict, signal_name: Optional[str]) -> str:
+    """What a run ends with on stdout: where it stopped or finished, its final numbers, its files, what to run next."""
+    log_dir, ckpt = Path(log_dir), result.get("checkpoint")
+    how = f"stopped by {signal_name} after step {result['step']}" if result["stopped"] else f"finished at step {result['step']}"
+    numbers = " | ".join(SHOW[k].format(result[k]) for k in ("val", "bpb", "hella") if result.get(k) is not None)
+    lines = [f"{how}{' | ' + numbers if numbers else ''}",
+             f"checkpoint: {ckpt or 'none written (nothing new since the start)'}",
+             f"log: {log_dir / 'log.txt'} | curves: {log_dir / 'curves.png'} (python plot.py {log_dir})"]
+    if ckpt:
+        lines.append(f"sample from it: python sample.py --init_from {ckpt}")
+    command = " ".join(a for a in sys.argv if a) or "python train_gpt2.py ..."
+    if "--resume" not in sys.argv:
+        command += " --resume auto"
+    lines.append(f"{'continue' if result['stopped'] else 'resume it (with a larger --max_steps)'}: python {command}")
+    return "\n".join(lines)
+
+
+def start_wandb(project: str, name: str, run_id: str, config: dict):
+    """The Weights & Biases run of this lineage: run_id (kept in its checkpoints) continues it after a resume."""
     import wandb  # optional dependency, imported only when asked for
 
-    return wandb.init(project=project, config=config, resume="allow")
+    return wandb.init(project=project, name=name or None, id=run_id, resume="allow", config=config)
+
+
+def append_line(path: Path, text: str):
+    """Append whole lines to a log in one write; a full disk names the file. A torn line (the write cut short) is
+    dropped by repair_log at the next start."""
+    try:
+        with open(path, "a") as f:
+            f.write(text)
+    except OSError as e:
+        raise OSError(f"could not write {path} ({write_error(e)}); the checkpoints are intact: free some space, then "
+                      "rerun with --resume auto") from None
+
+
+def repair_log(path: Path) -> Optional[str]:
+    """Drop a torn last line (no newline: a write cut short by a full disk or a kill) from a log; a note if one was."""
+    try:
+        with open(path, "rb+") as f:
+            data = f.read()
+            if not data or data.endswith(b"\n"):
+                return None
+            keep = data.rfind(b"\n") + 1
+            f.truncate(keep)
+    except FileNotFoundError:
+        return None
+    return f"note: dropped the torn last line of {path} ({data[keep:][:60]!r}), left by an interrupted write"
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -402,14 +598,17 @@ def lock_holder(path: Path) -> str:
 
 
 class StopSignal:
-    """Set by SIGTERM/SIGINT; the loop checks it after each step, saves a checkpoint and exits cleanly."""
+    """SIGTERM, SIGINT (Ctrl-C) and SIGHUP (a closed terminal) only set `requested`: the run checks it at every step
+    and inside evaluations, writes a checkpoint of where it is and ends with status 0, never a traceback. The
+    handlers are the process's for the whole run, start-up and the final save included; the previous ones return."""
+    SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP") if hasattr(signal, name))
 
     def __enter__(self):
-        self.requested, self.previous = False, {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
+        self.requested, self.previous = None, {s: signal.signal(s, self._handle) for s in self.SIGNALS}
         return self
 
     def _handle(self, signum, frame):
-        self.requested = True
+        self.requested = signal.Signals(signum).name  # e.g. "SIGTERM": true, and says which
 
     def __exit__(self, *exc):
         for sig, handler in self.previous.items():

@@ -36,7 +36,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import hellaswag  # HellaSwag scoring; it does not import this module back (nor do plot.py and run_files.py)
 import plot  # curves.png
 import run_files  # the plumbing: checkpoint files, lineages, the log_dir lock, atomic writes, signals
-from fineweb import get_tokenizer, tokenizer_from_manifest  # the tokenizers the data was made with
+from fineweb import get_tokenizer, token_byte_lengths, tokenizer_from_manifest, tokenizer_info  # the data's tokenizers
 
 HERE = Path(__file__).resolve().parent
 
@@ -67,6 +67,7 @@ class TrainConfig:
     default; the comment on its line is its --help. --preset NAME replaces the defaults before the flags are read."""
     # data and output
     data_root: str = "edu_fineweb10B"  # directory of fineweb.py's shards ({prefix}_{val|train}_{i:06d}.npy)
+    tokenizer: str = "auto"  # the data's tokenizer, checked against its manifest: auto (any) | gpt2 | char
     log_dir: str = "log"  # where log.txt, header.txt, checkpoints and curves.png go
     shuffle: bool = False  # read each epoch in a seeded random order of shards and of windows within them
     # model (from scratch; --init_from loads a shape instead)
@@ -116,12 +117,13 @@ class TrainConfig:
     overfit_batch: bool = False  # train on one fixed batch (a sanity check: the loss must go to ~0)
     peak_flops: float = 0.0  # peak FLOP/s of one device for MFU (0: look up the GPU; none on CPU)
     wandb_project: str = ""  # log to this Weights & Biases project (needs `pip install wandb`)
+    wandb_run_name: str = ""  # the run's name in wandb (default: wandb's); a resumed run continues its wandb run
 
     def __post_init__(self):
         positive = ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "seq_len", "total_batch_size",
                     "max_steps", "sample_length")
         choices = {"optimizer": ("adamw", "muon"), "dtype": ("auto", "bfloat16", "float32"),
-                   "compile": ("auto", "true", "false")}
+                   "compile": ("auto", "true", "false"), "tokenizer": ("auto", "gpt2", "char")}
         for name, value in dataclasses.asdict(self).items():
             if isinstance(value, float) and not math.isfinite(value):  # NaN would pass every test below
                 raise ValueError(f"--{name} must be a finite number, got {value}")
@@ -150,13 +152,13 @@ PRESETS = {
     # the BPE path, a few CPU minutes. The unpadded vocabulary (no GPU to align it for) and the chunked loss (on a
     # CPU the 50k-wide head is most of a step).
     "shakespeare": dict(data_root="data/shakespeare", log_dir="log/shakespeare", n_layer=4, n_head=4, n_embd=128,
-                        block_size=128, vocab_size=50257, chunked_loss=True, batch_size=16, seq_len=128,
+                        block_size=128, vocab_size=50257, tokenizer="gpt2", chunked_loss=True, batch_size=16, seq_len=128,
                         total_batch_size=2048, max_steps=100, warmup_steps=10, max_lr=3e-3, eval_interval=25,
                         val_tokens=8192, hellaswag_interval=0, sample_interval=50, sample_prompt="KING.\n",
                         ckpt_interval=100),
     # Characters of input.txt (`python fineweb.py --local input.txt --tokenizer char --out_dir data/shakespeare_char`),
     # nanoGPT's laptop model: val loss below 1.9 in about three CPU minutes, and samples that read like the plays.
-    "shakespeare_char": dict(data_root="data/shakespeare_char", log_dir="log/shakespeare_char", n_layer=4, n_head=4,
+    "shakespeare_char": dict(data_root="data/shakespeare_char", log_dir="log/shakespeare_char", tokenizer="char", n_layer=4, n_head=4,
                              n_embd=128, block_size=64, vocab_size=0, batch_size=12, seq_len=64, total_batch_size=768,
                              max_steps=2000, warmup_steps=100, max_lr=2e-3, beta2=0.99, shuffle=True, eval_interval=250,
                              val_tokens=16384, hellaswag_interval=0, sample_interval=2000, sample_prompt="\n",
@@ -227,39 +229,6 @@ class Block(nn.Module):
         x = x + self.attn(self.ln_1(x), mask, kv_cache)  # pre-norm: the residual stream itself is never normalised
         return x + self.mlp(self.ln_2(x))
 
-class ChunkedCrossEntropy(torch.autograd.Function):
-    """The --chunked_loss option of GPT.forward: the mean cross-entropy of the logits h @ weight.T over targets != -100,
-    computed a chunk of rows at a time, so that no (N, V) tensor of logits or of their gradient ever exists. With
-    `grad`, forward also makes the gradients from each chunk's softmax (backward would have to recompute the logits)
-    and backward only scales them. Exact. It pays where the logits dominate: memory at large B*T, and speed on a CPU
-    with GPT-2's 50k vocabulary. torch.compile unrolls the loop over chunks and its compile time grows with their
-    number, so their count is bounded (max_chunks) rather than their size (at least min_rows rows each)."""
-
-    @staticmethod
-    def forward(ctx, h, weight, targets, grad: bool, max_chunks: int = 8, min_rows: int = 1024):  # h (N, C), weight (V, C)
-        loss, n, chunk = 0.0, (targets != -100).sum(), max(min_rows, -(-h.size(0) // max_chunks))  # chunk: rows per chunk
-        grad_h, grad_w = (torch.empty_like(h), torch.zeros_like(weight)) if grad else (None, None)
-        for i in range(0, h.size(0), chunk):
-            hc, tc = h[i : i + chunk], targets[i : i + chunk, None]  # (c, C), (c, 1)
-            valid, tc = tc != -100, tc.clamp(min=0)  # ignored rows point at id 0, with weight 0
-            z = F.linear(hc, weight)  # (c, V) logits, bf16 under autocast: softmax in fp32
-            z = z.to(torch.promote_types(z.dtype, torch.float32))
-            z -= z.amax(dim=1, keepdim=True)  # each row's largest logit is now 0: exp cannot overflow
-            target_z, p = z.gather(1, tc), z.exp_()  # one exp over the chunk, in place
-            total = p.sum(dim=1, keepdim=True)
-            loss = loss + torch.where(valid, total.log() - target_z, 0).sum()  # -log softmax of each target
-            if grad:
-                p = p.div_(total).scatter_add_(1, tc, -valid.to(p.dtype))  # d loss / d logits: softmax - one_hot
-                grad_h[i : i + chunk] = (p @ weight) * valid
-                grad_w += p.t() @ (hc * valid)
-        ctx.save_for_backward(grad_h, grad_w, n)
-        return loss / n
-
-    @staticmethod
-    def backward(ctx, grad_loss):
-        grad_h, grad_w, n = ctx.saved_tensors
-        return grad_h * (grad_loss / n), grad_w * (grad_loss / n), None, None, None, None
-
 # The four weights that Hugging Face stores as Conv1D, i.e. (in, out): transposed relative to nn.Linear.
 HF_TRANSPOSED = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 HF_HUB_MODELS = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")  # OpenAI's 124M, 350M, 774M, 1558M
@@ -274,7 +243,7 @@ class GPT(nn.Module):
             ln_f=nn.LayerNorm(config.n_embd, bias=config.bias)))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # weight tying: one Parameter, two uses
-        self.chunked_loss = False  # forward's loss by ChunkedCrossEntropy (--chunked_loss), else F.cross_entropy
+        self.chunked_loss = False  # forward's loss by run_files.ChunkedCrossEntropy (--chunked_loss), else F.cross_entropy
         for module in self.modules():  # GPT-2's init: N(0, 0.02) weights, zero biases (LayerNorm keeps 1 and 0)
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, mean=0.0, std=0.02)
@@ -318,8 +287,8 @@ class GPT(nn.Module):
         not -100, or None without targets. With self.chunked_loss: (None, the same loss), without full logits."""
         h = self.features(idx, kv_cache)  # (B, T, C)
         if targets is not None and self.chunked_loss:
-            return None, ChunkedCrossEntropy.apply(h.flatten(0, 1), self.lm_head.weight, targets.flatten(),
-                                                   torch.is_grad_enabled())
+            return None, run_files.ChunkedCrossEntropy.apply(h.flatten(0, 1), self.lm_head.weight, targets.flatten(),
+                                                             torch.is_grad_enabled())
         logits = self.lm_head(h)  # (B, T, vocab)
         loss = None if targets is None else F.cross_entropy(logits.flatten(0, 1), targets.flatten())
         return logits, loss
@@ -446,10 +415,11 @@ def read_window(shard: np.ndarray, start: int, n: int, vocab_size: Optional[int]
 class DataLoaderLite:
     """(B, T) training batches, each a window of B*T+1 tokens inside one shard (its last token only a target).
 
-    An epoch is every window of every shard once: in order, or with shuffle=True in a seeded order per epoch,
-    shards permuted and then the windows within each. Rank r of a world of W reads windows r, r+W, r+2W, ... of
-    epoch 0, then epoch 1, and so on, so over all ranks every window of an epoch is read exactly once; the state
-    is how many windows the world has read. Shards are memory-mapped: memory is O(B*T) plus a window index."""
+    An epoch reads every window of every shard once: in order, or with shuffle=True in a seeded order per epoch, the
+    shards permuted, the windows within each permuted, and their grid moved by a seeded offset in [0, B*T) so that
+    every epoch sees new window boundaries. Rank r of a world of W reads windows r, r+W, r+2W, ... of each epoch in
+    turn, so over all ranks every window of an epoch is read exactly once; the state is the epoch and how many of
+    its windows the world has read. Shards are memory-mapped: memory is O(B*T) plus a window index."""
 
     def __init__(self, paths: list[Path], B: int, T: int, rank: int = 0, world: int = 1,
                  vocab_size: Optional[int] = None, shuffle: bool = False, seed: int = 0, sizes: Optional[dict] = None):
@@ -457,31 +427,49 @@ class DataLoaderLite:
             raise ValueError(f"need B, T > 0 and 0 <= rank < world, got B={B}, T={T}, rank {rank}, world {world}")
         self.B, self.T, self.rank, self.world, self.vocab_size, self.shuffle, self.seed = B, T, rank, world, vocab_size, shuffle, seed
         self.shards = [run_files.open_shard(p, (sizes or {}).get(p)) for p in paths]
-        self.all = windows([len(s) for s in self.shards], B * T)  # (shard, start) of each window, in order
-        if len(self.all) < world:
-            raise ValueError(f"the train shards hold {len(self.all)} window(s) of B x T + 1 = {B * T + 1} tokens, fewer "
+        self.windows = len(windows([len(s) for s in self.shards], B * T))  # per epoch, on the grid from 0
+        if self.windows < world:
+            raise ValueError(f"the train shards hold {self.windows} window(s) of B x T + 1 = {B * T + 1} tokens, fewer "
                              f"than one step needs (one for each of {world} rank(s)); lower batch_size/seq_len or add data")
-        self.taken, self.epoch, self.order = 0, None, None  # taken: windows the whole world has read so far
+        self.epoch, self.pos, self.orders = 0, 0, {}  # pos: windows of this epoch the whole world has read
+
+    def order(self, epoch: int) -> np.ndarray:
+        """(shard, start) of each window of `epoch`, in the order the world reads them (the same on every rank)."""
+        if epoch not in self.orders:  # kept: this epoch's and the one before (a step may straddle them)
+            lengths, order = [len(s) for s in self.shards], None
+            if self.shuffle:
+                rng = np.random.default_rng([self.seed, epoch])
+                offset = int(rng.integers(self.B * self.T))  # the grid starts here in every shard, this epoch
+                grid = windows([max(n - offset, 0) for n in lengths], self.B * self.T) + [0, offset]
+                order = np.concatenate([rng.permutation(grid[grid[:, 0] == k]) for k in rng.permutation(len(lengths))])
+            order = windows(lengths, self.B * self.T) if order is None else order
+            self.orders = {e: o for e, o in self.orders.items() if e == epoch - 1} | {epoch: order}
+        return self.orders[epoch]
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        epoch, i = divmod(self.taken + self.rank, len(self.all))
-        if epoch != self.epoch:  # every rank draws the same order: the same seed, the same epoch
-            rng = np.random.default_rng([self.seed, epoch]) if self.shuffle else None
-            self.epoch, self.order = epoch, self.all if rng is None else np.concatenate(
-                [rng.permutation(self.all[self.all[:, 0] == k]) for k in rng.permutation(len(self.shards))])
-        self.taken += self.world
-        k, start = self.order[i]
+        epoch, i = self.epoch, self.pos + self.rank
+        while i >= len(self.order(epoch)):  # past this epoch's end: the next epoch's first windows
+            i, epoch = i - len(self.order(epoch)), epoch + 1
+        k, start = self.order(epoch)[i]
+        self.pos += self.world
+        while self.pos >= len(self.order(self.epoch)):
+            self.pos, self.epoch = self.pos - len(self.order(self.epoch)), self.epoch + 1
         buf = read_window(self.shards[k], start, self.B * self.T + 1, self.vocab_size)
         return buf[:-1].view(self.B, self.T), buf[1:].view(self.B, self.T)
 
+    def epochs_read(self) -> float:
+        return self.epoch + self.pos / len(self.order(self.epoch))
+
     def state_dict(self) -> dict:
-        return {"taken": self.taken, "windows": len(self.all), "B": self.B, "T": self.T, "shuffle": self.shuffle,
-                "seed": self.seed}
+        return {"epoch": self.epoch, "pos": self.pos, "windows": self.windows, "B": self.B, "T": self.T,
+                "shuffle": self.shuffle, "seed": self.seed}
 
     def load_state_dict(self, state: dict):
-        if any(state.get(k) != v for k, v in self.state_dict().items() if k != "taken") or state["taken"] % self.world:
+        if "taken" in state:  # a checkpoint from before epochs were kept
+            state = {**state, "epoch": state["taken"] // state["windows"], "pos": state["taken"] % state["windows"]}
+        if any(state.get(k) != v for k, v in self.state_dict().items() if k not in ("epoch", "pos")) or state["pos"] % self.world:
             raise ValueError(f"the train data or its batching changed since the checkpoint ({state} -> {self.state_dict()})")
-        self.taken = state["taken"]
+        self.epoch, self.pos = state["epoch"], state["pos"]
 
 # ----------------------------------------------------------------------------------------------------------
 # Learning-rate schedule
@@ -522,9 +510,10 @@ def autocast_context(device_type: str, dtype: str):
 
 @torch.no_grad()
 def evaluate_val_loss(model: GPT, shards: list[np.ndarray], val_tokens: int, B: int, T: int, dtype: str,
-                      rank: int = 0, world_size: int = 1, device: str = "cpu") -> float:
+                      rank: int = 0, world_size: int = 1, device: str = "cpu", should_stop=None) -> Optional[float]:
     """Mean loss of the first val_tokens targets of the val split, its first val_tokens/T windows of T+1 tokens;
-    window i is scored by rank i % world_size, so the tokens are the same for any world size or batch size."""
+    window i is scored by rank i % world_size, so the tokens are the same for any world size or batch size.
+    should_stop() (the same answer on every rank) is asked before each batch: True ends it early, returning None."""
     seqs = windows([len(s) for s in shards], T)
     if val_tokens <= 0 or val_tokens % T or val_tokens // T > len(seqs):
         raise ValueError(f"val_tokens ({val_tokens}) must be a positive multiple of seq_len ({T}) and fit the val split "
@@ -534,17 +523,27 @@ def evaluate_val_loss(model: GPT, shards: list[np.ndarray], val_tokens: int, B: 
     exact = torch.float32 if device_type == "mps" else torch.float64  # MPS has no float64
     sums = torch.zeros(2, dtype=exact, device=device)  # loss summed over tokens, tokens
     mine = seqs[rank : val_tokens // T : world_size]  # this rank's windows
-    for i in range(0, len(mine), B):
-        rows = torch.stack([read_window(shards[k], start, T + 1, model.config.vocab_size) for k, start in mine[i : i + B]])
-        rows = rows.to(device)
-        with autocast_context(device_type, dtype):
-            _, loss = model(rows[:, :-1], rows[:, 1:])  # the training loss itself
-        sums[0] += loss.to(exact) * rows[:, 1:].numel()  # summed on the device: no host sync per batch
-        sums[1] += rows[:, 1:].numel()
+    for i in range(0, -(-(val_tokens // T) // world_size), B):  # as many batches on every rank (the last maybe empty)
+        if should_stop is not None and should_stop():
+            model.train()
+            return None
+        if len(batch := mine[i : i + B]):
+            rows = torch.stack([read_window(shards[k], start, T + 1, model.config.vocab_size) for k, start in batch])
+            rows = rows.to(device)
+            with autocast_context(device_type, dtype):
+                _, loss = model(rows[:, :-1], rows[:, 1:])  # the training loss itself
+            sums[0] += loss.to(exact) * rows[:, 1:].numel()  # summed on the device: no host sync per batch
+            sums[1] += rows[:, 1:].numel()
     if world_size > 1:
         dist.all_reduce(sums)
     model.train()
     return (sums[0] / sums[1]).item()
+
+def val_bytes(shards: list[np.ndarray], val_tokens: int, T: int, byte_lengths: np.ndarray) -> int:
+    """UTF-8 bytes of the text of the targets evaluate_val_loss scores: bits per byte = loss * tokens / (ln 2 * bytes),
+    a measure that does not depend on the tokenizer. Counted once per run."""
+    seqs = windows([len(s) for s in shards], T)[: val_tokens // T]
+    return int(sum(byte_lengths[shards[k][start + 1 : start + T + 1]].sum() for k, start in seqs))
 
 def prompt_ids(enc, prompt: str) -> list[int]:
     """A prompt's token ids: <|endoftext|> is GPT-2's special token; an empty prompt is <|endoftext|> alone (a
@@ -572,20 +571,28 @@ def flops_per_token(model: GPT, seq_len: int) -> int:
     scores and values. N excludes the position table (a lookup) and includes the tied token table."""
     return 6 * model.num_params(exclude_embeddings=True) + 12 * model.config.n_layer * model.config.n_embd * seq_len
 
-def evaluate(cfg: TrainConfig, step: int, raw_model: GPT, enc, val_shards: list[np.ndarray], hellaswag_examples: list,
-             dtype: str, rank: int, world_size: int, device: str, metrics: run_files.Metrics, log):
+def evaluate(cfg: TrainConfig, step: int, raw_model: GPT, enc, val_shards: list[np.ndarray], val_bytes: int,
+             hellaswag_examples: list, dtype: str, rank: int, world_size: int, device: str, metrics: run_files.Metrics,
+             should_stop) -> bool:
     """The evaluations due at `step`, on the plain model (the compiled one would recompile for every new shape): val
-    loss and HellaSwag, each rank scoring a share, then samples, printed by rank 0."""
+    loss and its bits per byte, HellaSwag (each rank scoring a share), then samples (rank 0). False when a stop
+    request cut them short (should_stop() gives the same answer on every rank)."""
     if is_due(step, cfg.eval_interval, cfg.max_steps):
-        metrics.report(step, val=evaluate_val_loss(raw_model, val_shards, cfg.val_tokens, cfg.batch_size, cfg.seq_len,
-                                                   dtype, rank, world_size, device))
+        loss = evaluate_val_loss(raw_model, val_shards, cfg.val_tokens, cfg.batch_size, cfg.seq_len, dtype, rank,
+                                 world_size, device, should_stop)
+        if loss is None:
+            return False
+        metrics.report(step, val=loss, **({"bpb": loss * cfg.val_tokens / (math.log(2) * val_bytes)} if val_bytes else {}))
     if hellaswag_examples and is_due(step, cfg.hellaswag_interval, cfg.max_steps):
         result = hellaswag.evaluate(raw_model, hellaswag_examples, device, enc=enc, rank=rank, world_size=world_size,
-                                    autocast_dtype=torch.bfloat16 if dtype == "bfloat16" else None)
+                                    autocast_dtype=torch.bfloat16 if dtype == "bfloat16" else None, should_stop=should_stop)
+        if result is None:
+            return False
         metrics.report(step, hella=result["acc_norm"])
     if rank == 0 and is_due(step, cfg.sample_interval, cfg.max_steps):
-        for text in sample_texts(raw_model, enc, cfg.sample_prompt, 4, cfg.sample_length, 50, 1.0, cfg.seed, device):
-            log(f"sample: {text!r}")
+        metrics.report_samples(step, sample_texts(raw_model, enc, cfg.sample_prompt, 4, cfg.sample_length, 50, 1.0,
+                                                  cfg.seed, device))
+    return True
 
 def is_due(step: int, interval: int, last_step: int) -> bool:
     """Every `interval` steps (0: never), and always at the last step."""
@@ -612,10 +619,11 @@ def build_model(cfg: TrainConfig, enc, known_tokenizer: bool) -> GPT:
         model = GPT(GPTConfig(cfg.block_size, cfg.vocab_size or (50304 if enc.name == "gpt2" else enc.n_vocab),
                               cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.dropout, cfg.bias))
     else:
-        model, model_enc = load_model(cfg.init_from)
-        if known_tokenizer and (model_enc.name, model_enc.n_vocab) != (enc.name, enc.n_vocab):
-            raise ValueError(f"--init_from {cfg.init_from} was trained on the {model_enc.name} tokenizer; the data in "
-                             f"{cfg.data_root} is {enc.name} ({enc.n_vocab} ids)")
+        model, model_enc = load_model(run_files.check_path(cfg.init_from, "--init_from", is_dir=False)
+                                      if cfg.init_from.endswith(".pt") else cfg.init_from)
+        if known_tokenizer and tokenizer_info(model_enc) != tokenizer_info(enc):
+            raise ValueError(f"--init_from {cfg.init_from} was trained on the {model_enc.name} tokenizer with another "
+                             f"vocabulary than the data in {cfg.data_root} ({enc.name}): its ids would mean other text")
         if model.config.bias and not cfg.bias:
             raise ValueError(f"--bias false: {cfg.init_from} has biases (GPT-2's weights always do)")
         model.config = dataclasses.replace(model.config, dropout=cfg.dropout)  # the run's choice, not the weights'
@@ -627,58 +635,49 @@ def build_model(cfg: TrainConfig, enc, known_tokenizer: bool) -> GPT:
     model.chunked_loss = cfg.chunked_loss
     return model
 
-def save_checkpoint(cfg: TrainConfig, raw_model: GPT, optimizers: list, train_loader: DataLoaderLite,
-                    guard: run_files.SpikeGuard, enc, lineage: dict, ddp: bool, master_process: bool, step: int,
-                    evals_done: bool, val_loss: Optional[float]) -> Path:
-    """Everything a resume needs, as plain data (no pickled objects: torch.load(weights_only=True) reads it), written
-    by rank 0 as model_{step:05d}[_{lineage}].pt in log_dir; every rank waits for the file."""
-    state = {"model": raw_model.state_dict(), "optimizer": optimizers[0].state_dict(),
-             "muon": optimizers[1].state_dict() if len(optimizers) > 1 else None,
-             "model_config": dataclasses.asdict(raw_model.config), "train_config": dataclasses.asdict(cfg),
-             "tokenizer": {"tokenizer": enc.name, "vocab": getattr(enc, "chars", None)}, "step": step,
-             "evals_done": evals_done, "val_loss": val_loss, "train_loader": train_loader.state_dict(),
-             "rng": run_files.capture_rng_state(), "spikes": guard.state_dict()}
-    path = None
-    if master_process:
-        path = run_files.save_checkpoint(Path(cfg.log_dir), step, lineage, state, cfg.keep_last)
-        plot.refresh(cfg.log_dir)  # curves.png, for a look at the run so far
-    if ddp:
-        dist.barrier()  # nobody races ahead (or exits) before the file exists
-    return path
-
 def resume(cfg: TrainConfig, raw_model: GPT, optimizers: list, train_loader: DataLoaderLite,
-           guard: run_files.SpikeGuard, ddp: bool, log) -> dict:
-    """Load --resume's checkpoint (auto: the usable one written last in log_dir, if any) into the model, optimizers,
-    loader, spike guard and RNG, and choose the run's lineage. Returns where the run starts: its step, whether that
-    step's evaluations are logged already (a finished run's checkpoint), the val loss, the lineage, the file."""
-    path, ckpt = run_files.find_resume_checkpoint(cfg.resume, Path(cfg.log_dir), log)
+           guard: run_files.SpikeGuard, data: dict, rank: int, world_size: int, log) -> dict:
+    """Load --resume's checkpoint (auto: the usable one written last in log_dir, if any; rank 0 chooses for every
+    rank) into the model, optimizers, loader, spike guard and RNG, and choose the run's lineage. The optimizers keep
+    their state but take this run's hyper-parameters: what runs is what the flags say. Returns where the run starts:
+    its step, whether that step's evaluations are logged already (a finished run's checkpoint), val loss, lineage."""
+    path, ckpt = run_files.find_resume_checkpoint(cfg.resume, Path(cfg.log_dir), rank, world_size, log)
     start = {"step": 0, "evals_done": False, "val_loss": None, "path": path}
     if ckpt is not None:
         saved_config = dataclasses.asdict(GPTConfig(**ckpt["model_config"]))  # older checkpoints lack some fields
         run_files.check_resumable(path, {**ckpt, "model_config": saved_config}, dataclasses.asdict(raw_model.config),
-                                  cfg.max_steps, len(optimizers))
+                                  dataclasses.asdict(cfg), data)
         raw_model.load_state_dict(ckpt["model"])
         for opt, state in zip(optimizers, (ckpt["optimizer"], ckpt.get("muon"))):
-            opt.load_state_dict(state)
+            run_files.load_optimizer_state(opt, state)  # its moments and step counts, this run's hyper-parameters
         train_loader.load_state_dict(ckpt["train_loader"])
         guard.load_state_dict(ckpt.get("spikes", {"history": [], "skipped": 0}))  # older checkpoints have none
         run_files.restore_rng_state(ckpt["rng"])
         start.update(step=ckpt["step"], evals_done=ckpt["evals_done"], val_loss=ckpt["val_loss"])
-    start["lineage"] = run_files.choose_lineage(Path(cfg.log_dir), path, ckpt, ddp, log)
+        if changes := run_files.resume_changes(ckpt.get("train_config", {}), dataclasses.asdict(cfg)):
+            log(f"resumed with other settings (applied): {', '.join(changes)}")
+    start["lineage"] = run_files.choose_lineage(Path(cfg.log_dir), path, ckpt, rank, world_size, log)
     return start
 
 def set_up(cfg: TrainConfig, ddp: bool, rank: int, world_size: int, device: str, lock: run_files.LogDirLock, log):
-    """Everything a run needs before its first step, checked before anything is written: data, model, optimizers,
-    HellaSwag and a resumed run's state. Only then is log_dir made (locked against a second run) and header.txt
-    written, so a run that fails its checks leaves no files behind."""
+    """Everything a run needs before its first step, checked before anything is written: the data and its tokenizer
+    (as its manifest names it), the model, optimizers, HellaSwag and a resumed run's state. Only then is log_dir made
+    (locked against a second run), its log repaired and header.txt written: a run failing its checks leaves no files."""
     B, T, device_type = cfg.batch_size, cfg.seq_len, device.split(":")[0]
     if cfg.total_batch_size % (B * T * world_size):
         raise ValueError(f"--total_batch_size {cfg.total_batch_size} is not divisible by batch_size x seq_len x "
                          f"world_size = {B} x {T} x {world_size} = {B * T * world_size}")
-    splits, manifest, note = run_files.find_shards(cfg.data_root)
-    if note:
-        log(f"note: {note}")
+    splits, manifest, note = run_files.find_shards(cfg.data_root, cfg.tokenizer)
     enc, sizes = tokenizer_from_manifest(manifest or {}), (manifest or {}).get("sizes", {})
+    if cfg.tokenizer not in ("auto", enc.name):
+        raise ValueError(f"--tokenizer {cfg.tokenizer}: the data in {cfg.data_root} is in {enc.name} tokens ({enc.n_vocab:,}"
+                         f" ids); make data of {cfg.tokenizer} tokens with fineweb.py --tokenizer {cfg.tokenizer}")
+    data = {"tokenizer": tokenizer_info(enc), **{k: (manifest or {}).get(k) for k in ("dataset", "source")},
+            "fingerprint": run_files.corpus_fingerprint(manifest, splits["train"] + splits["val"])}
+    val_shards = [run_files.open_shard(p, sizes.get(p)) for p in splits["val"]]
+    val_bytes_ = val_bytes(val_shards, cfg.val_tokens, T, token_byte_lengths(enc)) if cfg.eval_interval else 0
+    hellaswag_examples, why = hellaswag.load_for_training(cfg.hellaswag_data, cfg.hellaswag_limit, enc.name, rank,
+                                                          world_size, device) if cfg.hellaswag_interval else ([], "")
     if device_type == "cuda":  # TF32 for any fp32 matmul left outside autocast
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     if device_type == "cpu":
@@ -689,52 +688,76 @@ def set_up(cfg: TrainConfig, ddp: bool, rank: int, world_size: int, device: str,
                                                 cfg.muon_lr * (cfg.optimizer == "muon"), cfg.beta2)
     train_loader = DataLoaderLite(splits["train"], B, T, rank, world_size, raw_model.config.vocab_size, cfg.shuffle,
                                   cfg.seed, sizes)
-    val_shards = [run_files.open_shard(p, sizes.get(p)) for p in splits["val"]]
-    hellaswag_examples, why = hellaswag.load_for_training(cfg.hellaswag_data, cfg.hellaswag_limit, enc.name, rank,
-                                                          world_size, device) if cfg.hellaswag_interval else ([], "")
-    if why:
-        log(f"HellaSwag skipped: {why}")
     guard = run_files.SpikeGuard(cfg.skip_spikes)
     lock.claim(create=False)  # if log_dir exists, no other run may change its checkpoints from here on
-    start = resume(cfg, raw_model, optimizers, train_loader, guard, ddp, log)
+    start = resume(cfg, raw_model, optimizers, train_loader, guard, data, rank, world_size, log)
     lock.claim(create=True)
     dtype = cfg.dtype if cfg.dtype != "auto" else run_files.default_dtype(device_type)
     grad_accum_steps = cfg.total_batch_size // (B * T * world_size)
     use_compile = cfg.compile == "true" or (cfg.compile == "auto" and device_type == "cuda")
+    derived = {"num_params": raw_model.num_params(), "grad_accum_steps": grad_accum_steps, "dtype": dtype,
+               "compile": use_compile, "device": device, "world_size": world_size, "data": data,
+               "resumed_from": None if start["path"] is None else str(start["path"]), "lineage": start["lineage"]}
     if rank == 0:
-        run_files.write_header(Path(cfg.log_dir), {
-            "config": dataclasses.asdict(cfg), "world_size": world_size, "device": device,
-            "num_params": raw_model.num_params(), "grad_accum_steps": grad_accum_steps, "dtype": dtype,
-            "compile": use_compile, "resumed_from": None if start["path"] is None else str(start["path"]),
-            "lineage": start["lineage"], "data": {k: (manifest or {}).get(k) for k in ("dataset", "tokenizer", "source")}})
+        run_files.write_header(Path(cfg.log_dir), {"config": dataclasses.asdict(cfg), **derived}, log)
+    metrics = run_files.Metrics(cfg.log_dir, rank == 0, log, cfg.max_steps, latest={"val": start["val_loss"]},
+                                wandb=dict(project=cfg.wandb_project, name=cfg.wandb_run_name, run_id=start["lineage"]
+                                           ["wandb_id"], config={**dataclasses.asdict(cfg), **derived}) if cfg.wandb_project else None)
+    for line in (note, why and f"HellaSwag skipped: {why}"):
+        if line:
+            log(line)
+    epochs = (cfg.max_steps - start["step"]) * cfg.total_batch_size / (train_loader.windows * B * T)
     log(f"{raw_model.num_params():,} parameters | {world_size} process(es) on {device} | {dtype} | compile {use_compile}")
-    log(f"total batch {cfg.total_batch_size:,} tokens = {B} x {T} x {world_size} ranks x {grad_accum_steps} micro-steps")
-    return (enc, raw_model, optimizers, train_loader, val_shards, hellaswag_examples, guard, start, dtype,
-            grad_accum_steps, use_compile)
+    log(f"total batch {cfg.total_batch_size:,} tokens = {B} x {T} x {world_size} ranks x {grad_accum_steps} micro-steps; "
+        f"{epochs:.2f} epochs of the train split ({train_loader.windows * B * T:,} tokens) to read")
+    return (raw_model, optimizers, train_loader, guard, metrics, start, dtype, grad_accum_steps, use_compile, enc, data,
+            val_shards, val_bytes_, hellaswag_examples)
+
+def save_checkpoint(cfg: TrainConfig, raw_model: GPT, optimizers: list, train_loader: DataLoaderLite,
+                    guard: run_files.SpikeGuard, enc, data: dict, lineage: dict, ddp: bool, master_process: bool,
+                    step: int, evals_done: bool, val_loss: Optional[float]) -> Optional[Path]:
+    """Everything a resume needs, as plain data (no pickled objects: torch.load(weights_only=True) reads it), written
+    by rank 0 as model_{step:05d}[_{lineage}].pt in log_dir; every rank waits for the file."""
+    state = {"model": raw_model.state_dict(), "optimizer": optimizers[0].state_dict(),
+             "muon": optimizers[1].state_dict() if len(optimizers) > 1 else None,
+             "model_config": dataclasses.asdict(raw_model.config), "train_config": dataclasses.asdict(cfg),
+             "tokenizer": tokenizer_info(enc), "data": {"fingerprint": data["fingerprint"]}, "step": step,
+             "epoch": train_loader.epochs_read(), "evals_done": evals_done, "val_loss": val_loss,
+             "train_loader": train_loader.state_dict(), "rng": run_files.capture_rng_state(), "spikes": guard.state_dict()}
+    path = None
+    if master_process:
+        path = run_files.save_checkpoint(Path(cfg.log_dir), step, lineage, state, cfg.keep_last)
+        plot.refresh(cfg.log_dir)  # curves.png, for a look at the run so far
+    if ddp:
+        dist.barrier()  # nobody races ahead (or exits) before the file exists
+    return path
 
 def train(cfg: TrainConfig, log=print) -> dict:
     """Train as configured (one process, or one rank under torchrun); return the final metrics."""
-    ddp, rank, local_rank, world_size, device = setup_distributed(cfg.device)
-    device_type, master_process = device.split(":")[0], rank == 0
-    log = log if master_process else (lambda *args: None)  # rank 0 speaks for every rank
-    lock = run_files.LogDirLock(cfg.log_dir, master_process)  # one run per log_dir
-    try:
-        (enc, raw_model, optimizers, train_loader, val_shards, hellaswag_examples, guard, start, dtype,
-         grad_accum_steps, use_compile) = set_up(cfg, ddp, rank, world_size, device, lock, log)
-        model = torch.compile(raw_model) if use_compile else raw_model  # what trains; raw_model evaluates and saves
-        if ddp:
-            model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None)
-        metrics = run_files.Metrics(cfg.log_dir, master_process, log, cfg.wandb_project, dataclasses.asdict(cfg))
-        metrics.latest.update(val=start["val_loss"], skipped=guard.skipped)  # a resumed run's, until this run's own
-        save = functools.partial(save_checkpoint, cfg, raw_model, optimizers, train_loader, guard, enc,
-                                 start["lineage"], ddp, master_process)
-        fixed_batch = train_loader.next_batch() if cfg.overfit_batch else None
-        flops, peak = flops_per_token(raw_model, cfg.seq_len), run_files.peak_flops(device_type, cfg.peak_flops)
-        with run_files.StopSignal() as stop:
+    with run_files.StopSignal() as stop:  # SIGTERM, SIGINT, SIGHUP from here on: a checkpoint and a clean exit
+        ddp, rank, local_rank, world_size, device = setup_distributed(cfg.device)
+        device_type, master_process = device.split(":")[0], rank == 0
+        log = log if master_process else (lambda *args: None)  # rank 0 speaks for every rank
+        lock = run_files.LogDirLock(cfg.log_dir, master_process)  # one run per log_dir
+        try:
+            (raw_model, optimizers, train_loader, guard, metrics, start, dtype, grad_accum_steps, use_compile, enc, data,
+             val_shards, val_bytes_, hellaswag_examples) = set_up(cfg, ddp, rank, world_size, device, lock, log)
+            model = DDP(raw_model, device_ids=[local_rank] if device_type == "cuda" else None) if ddp else raw_model
+            model = torch.compile(model) if use_compile else model  # what trains; raw_model evaluates and saves
+            save = functools.partial(save_checkpoint, cfg, raw_model, optimizers, train_loader, guard, enc, data,
+                                     start["lineage"], ddp, master_process)
+            stopping = lambda: run_files.any_rank(stop.requested is not None, world_size, device)  # noqa: E731
+            fixed_batch = train_loader.next_batch() if cfg.overfit_batch else None
+            flops, peak = flops_per_token(raw_model, cfg.seq_len), run_files.peak_flops(device_type, cfg.peak_flops)
+            step, stopped = start["step"], False
             for step in range(start["step"], cfg.max_steps + 1):
-                if step > start["step"] or not start["evals_done"]:  # an end-of-run checkpoint has evaluated already
-                    evaluate(cfg, step, raw_model, enc, val_shards, hellaswag_examples, dtype, rank, world_size, device,
-                             metrics, log)
+                if stopped := stopping():
+                    break
+                if (step > start["step"] or not start["evals_done"]) and not evaluate(
+                        cfg, step, raw_model, enc, val_shards, val_bytes_, hellaswag_examples, dtype, rank, world_size,
+                        device, metrics, stopping):
+                    stopped = True
+                    break
                 if step == cfg.max_steps:
                     break
                 t0 = time.time()
@@ -761,8 +784,8 @@ def train(cfg: TrainConfig, log=print) -> dict:
                     group["lr"] = lr * group.get("lr_scale", 1.0)  # Muon's group runs at its own peak
                 loss_value, norm_value = loss_accum.item(), norm.item()  # the one host sync of a step
                 if not math.isfinite(loss_value + norm_value):
-                    run_files.check_nonfinite(cfg.skip_nonfinite, cfg.log_dir, start["lineage"]["suffix"], step, loss_value,
-                                             norm_value, log)  # raises unless --skip_nonfinite
+                    run_files.check_nonfinite(cfg.skip_nonfinite, cfg.log_dir, start["lineage"]["suffix"], step,
+                                              loss_value, norm_value, log)  # raises unless --skip_nonfinite
                 elif (z := guard.spike(loss_value, norm_value)) is not None:
                     metrics.report(step, spike=z, skipped=guard.skipped)  # and this update is not made
                 else:
@@ -773,21 +796,19 @@ def train(cfg: TrainConfig, log=print) -> dict:
                 dt = time.time() - t0
                 mfu = {"mfu": flops * cfg.total_batch_size / dt / (peak * world_size)} if peak else {}
                 metrics.report(step, train=loss_value, lr=lr, norm=norm_value, ms=1000 * dt,
-                               tok_per_s=cfg.total_batch_size / dt, **mfu)
-                if run_files.any_rank(stop.requested, world_size, device):
-                    path = save(step + 1, False, metrics.latest["val"])
-                    log(f"stop requested: saved {path} after step {step}; resume with --resume auto")
-                    return {**metrics.latest, "step": step + 1, "checkpoint": str(path), "stopped": True}
+                               tok_per_s=cfg.total_batch_size / dt, epoch=train_loader.epochs_read(), **mfu)
                 if cfg.ckpt_interval and (step + 1) % cfg.ckpt_interval == 0 and step + 1 < cfg.max_steps:
                     save(step + 1, False, metrics.latest["val"])
-        path = save(cfg.max_steps, True, metrics.latest["val"]) if start["step"] < cfg.max_steps or not start["evals_done"] \
-            else start["path"]
-        metrics.finish()
-        return {**metrics.latest, "step": cfg.max_steps, "checkpoint": str(path)}
-    finally:
-        lock.release()
-        if ddp and dist.is_initialized():
-            dist.destroy_process_group()
+            new = step > start["step"] or (not stopped and not start["evals_done"])  # anything this run did
+            path = save(step, not stopped, metrics.latest["val"]) if new else start["path"]
+            metrics.finish()
+            result = {**metrics.latest, "step": step, "checkpoint": None if path is None else str(path), "stopped": stopped}
+            log(run_files.summary(cfg.log_dir, result, stop.requested or "a stop request on another rank"))
+            return result
+        finally:
+            lock.release()
+            if ddp and dist.is_initialized():
+                dist.destroy_process_group()
 
 def to_device(t: torch.Tensor, device: str) -> torch.Tensor:
     """A host batch on the run's device; pinned memory lets the copy to a GPU overlap with compute."""
@@ -823,12 +844,13 @@ def parse_train_args(argv: list[str]) -> TrainConfig:
 
 def main(argv: Optional[list[str]] = None):
     try:
-        if train(parse_train_args(sys.argv[1:] if argv is None else argv)).get("stopped"):
-            print("stopped cleanly")
+        train(parse_train_args(sys.argv[1:] if argv is None else argv))
     except (ValueError, OSError, run_files.NonFiniteError) as e:
         if os.environ.get("GPT2_DEBUG"):
             raise
         sys.exit(f"error: {e}")
+    except KeyboardInterrupt:  # Ctrl-C before train() set its own handlers
+        sys.exit("interrupted before training started; nothing was written")
 
 if __name__ == "__main__":
     main()

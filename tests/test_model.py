@@ -22,8 +22,8 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import train_gpt2
-from run_files import load_checkpoint
-from train_gpt2 import GPT, ChunkedCrossEntropy, GPTConfig, KVCache, load_model
+from run_files import ChunkedCrossEntropy, load_checkpoint
+from train_gpt2 import GPT, GPTConfig, KVCache, load_model
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = dict(block_size=32, vocab_size=67, n_layer=2, n_head=4, n_embd=32)
