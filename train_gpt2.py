@@ -500,16 +500,18 @@ def get_lr(step: int, max_lr: float, min_lr: float, warmup_steps: int, decay_ste
 
 def setup_distributed(device: str = "auto") -> tuple[bool, int, int, int, str]:
     """(ddp, rank, local_rank, world_size, device): one process, or one rank of a torchrun launch (it sets RANK,
-    LOCAL_RANK and WORLD_SIZE) joined to the process group, NCCL on CUDA and gloo on CPU."""
-    device = run_files.check_device(device)
-    if "RANK" not in os.environ:
-        return False, 0, 0, 1, device
-    rank, local_rank, world_size = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
-    if device == "mps":
+    LOCAL_RANK and WORLD_SIZE) joined to the process group, NCCL on CUDA and gloo on CPU. A CUDA device always gets
+    its index (run_files.cuda_device picks it) and is made current: synchronize(), the memory stats and a new
+    context then mean this GPU, never GPU 0."""
+    device, env = run_files.check_device(device), run_files.torchrun_env(os.environ)
+    if env is not None and device == "mps":
         raise ValueError("DDP on mps is not supported; use a single process or --device cpu")
-    device = f"cuda:{local_rank}" if device.startswith("cuda") else "cpu"
     if device.startswith("cuda"):
+        device = run_files.cuda_device(device, env, torch.cuda.device_count(), os.environ.get("CUDA_VISIBLE_DEVICES"))
         torch.cuda.set_device(device)
+    if env is None:
+        return False, 0, 0, 1, device
+    rank, local_rank, world_size, _ = env
     run_files.init_process_group("nccl" if device.startswith("cuda") else "gloo", rank, world_size)
     return True, rank, local_rank, world_size, device
 
@@ -723,7 +725,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
          grad_accum_steps, use_compile) = set_up(cfg, ddp, rank, world_size, device, lock, log)
         model = torch.compile(raw_model) if use_compile else raw_model  # what trains; raw_model evaluates and saves
         if ddp:
-            model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None)
+            model = DDP(model, device_ids=[torch.device(device).index] if device_type == "cuda" else None)
         metrics = run_files.Metrics(cfg.log_dir, master_process, log, cfg.wandb_project, dataclasses.asdict(cfg))
         metrics.latest.update(val=start["val_loss"], skipped=guard.skipped)  # a resumed run's, until this run's own
         save = functools.partial(save_checkpoint, cfg, raw_model, optimizers, train_loader, guard, enc,
