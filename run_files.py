@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import errno
 import fcntl
 import hashlib
 import json
@@ -556,28 +557,51 @@ def repair_log(path: Path) -> Optional[str]:
 # ----------------------------------------------------------------------------------------------------------
 # One run per log_dir, and stopping cleanly
 
+# Errors of flock that mean the filesystem has no locks, not that another run holds this one: NFS emulates flock with
+# byte-range locks and fails without lockd (ENOLCK) or on a file not open for writing (EBADF); Lustre mounted
+# without -o flock says ENOSYS; some FUSE filesystems EINVAL or EOPNOTSUPP.
+NO_LOCKS = (errno.ENOLCK, errno.ENOSYS, errno.EBADF, errno.EINVAL, errno.EOPNOTSUPP)
+LOCK_FILE = ".lock"  # in log_dir: empty, never deleted (the lock is the kernel's, not the file's existence)
+
+
 class LogDirLock:
-    """Rank 0's exclusive lock on --log_dir: flock on the directory itself, so no file is made and the lock dies
-    with its process (a killed run never blocks --resume auto). Released when the run ends."""
+    """Rank 0's exclusive lock on --log_dir: flock on log_dir/.lock, opened for writing (NFS needs that). The kernel
+    drops the lock with its process, so a killed run never blocks --resume auto. Released when the run ends."""
 
     def __init__(self, log_dir: str, master: bool):
         self.path, self.master, self.fd = Path(log_dir), master, None
 
-    def claim(self, create: bool):
-        """Lock log_dir if it exists (create: make it first). If rank 0 cannot, torchrun stops the other ranks."""
+    def claim(self, create: bool) -> str:
+        """Lock log_dir if it exists (create: make it first). If rank 0 cannot, torchrun stops the other ranks.
+        Returns '' or, from the one call that took the lock file, a note that the filesystem has no locks and the
+        run goes on unlocked (the caller logs it)."""
         if self.path.exists() and not self.path.is_dir():
             raise ValueError(f"--log_dir {self.path} exists and is not a directory")
-        if self.master and self.fd is None and (create or self.path.is_dir()):
-            self.path.mkdir(parents=True, exist_ok=True)
-            self.fd = os.open(self.path, os.O_RDONLY)
-            try:
-                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
+        if not self.master or self.fd is not None or not (create or self.path.is_dir()):
+            return ""
+        self.path.mkdir(parents=True, exist_ok=True)
+        lock_file = self.path / LOCK_FILE
+        try:
+            self.fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        except OSError as e:
+            raise ValueError(f"--log_dir {self.path}: cannot open {lock_file} for writing ({e.strerror}); a run "
+                             "must be able to write in its --log_dir") from None
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.release()
+            raise ValueError(f"--log_dir {self.path} is in use by another run ({lock_holder(lock_file)}); wait for "
+                             "it, or choose another --log_dir") from None
+        except OSError as e:
+            if e.errno not in NO_LOCKS:
                 self.release()
-                raise ValueError(f"--log_dir {self.path} is in use by another run ({lock_holder(self.path)}); wait for "
-                                 "it, or choose another --log_dir") from None
-            for stale in self.path.glob(".model_*.pt.tmp*"):  # left by a run killed while saving
-                stale.unlink(missing_ok=True)
+                raise
+            # Unlocked, another run may be saving here: its temp files are left alone (stale ones only cost disk).
+            return (f"--log_dir {self.path} is not locked: its filesystem has no file locks (flock: "
+                    f"{errno.errorcode.get(e.errno, e.errno)}, {e.strerror}); make sure no other run uses this directory")
+        for stale in self.path.glob(".model_*.pt.tmp*"):  # left by a run killed while saving
+            stale.unlink(missing_ok=True)
+        return ""
 
     def release(self):
         if self.fd is not None:
@@ -593,8 +617,8 @@ def lock_holder(path: Path) -> str:
         pid = next(line.split()[4] for line in Path("/proc/locks").read_text().splitlines() if key in line.split())
         command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(bytes(1), b" ").decode().strip()
         return f"pid {pid}: {command if len(command) < 100 else command[:97] + '...'}"
-    except (OSError, StopIteration):
-        return "another process"
+    except (OSError, StopIteration):  # /proc/locks lists this machine's holders only
+        return "a process not visible from here: on another node, or in another container"
 
 
 class StopSignal:
@@ -657,6 +681,59 @@ def check_device(device: str) -> str:
     return device
 
 
+TORCHRUN_HINT = ("torchrun sets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT together: launch with "
+                 "torchrun, or unset them all for one process")
+
+
+def torchrun_env(environ) -> Optional[tuple[int, int, int, int]]:
+    """(rank, local_rank, world_size, local_world) when torchrun (or a scheduler's script) started this process as a
+    rank, None when RANK, LOCAL_RANK and WORLD_SIZE are all unset (one process); a partial or malformed set is refused
+    naming the variable. local_world: torchrun's LOCAL_WORLD_SIZE, processes on this node that see the same GPUs;
+    0 when torchrun did not start this one (no TORCHELASTIC_RUN_ID), since a scheduler may give each its own."""
+    names = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
+    if not (present := [name for name in names if name in environ]):
+        return None
+    for name in (*names, "MASTER_ADDR", "MASTER_PORT"):
+        if not environ.get(name):
+            raise ValueError(f"{present[0]} is set but {name} is not: {TORCHRUN_HINT}")
+    for name in (*names, "MASTER_PORT"):
+        if not re.fullmatch(r"[0-9]+", environ[name]):
+            raise ValueError(f"{name}={environ[name]!r} is not a whole number >= 0: {TORCHRUN_HINT}")
+    rank, local_rank, world_size, port = (int(environ[name]) for name in (*names, "MASTER_PORT"))
+    for name, value in (("RANK", rank), ("LOCAL_RANK", local_rank)):
+        if value >= world_size:
+            raise ValueError(f"{name}={value} with WORLD_SIZE={world_size}: a rank is 0 to WORLD_SIZE - 1; {TORCHRUN_HINT}")
+    if not 0 < port < 65536:
+        raise ValueError(f"MASTER_PORT={port} is not a TCP port (1 to 65535); {TORCHRUN_HINT}")
+    local_world = environ.get("LOCAL_WORLD_SIZE", "") if "TORCHELASTIC_RUN_ID" in environ else ""
+    return rank, local_rank, world_size, int(local_world) if local_world.isdigit() else 0
+
+
+def cuda_device(device: str, env: Optional[tuple[int, int, int, int]], count: int, visible: Optional[str]) -> str:
+    """'cuda:N', the GPU this process uses of the `count` it sees (visible: CUDA_VISIBLE_DEVICES, for messages).
+    One process: --device cuda:N, plain cuda meaning cuda:0. A rank (env from torchrun_env): cuda:LOCAL_RANK, as
+    torchrun's one process per GPU expects; or its one GPU when it sees exactly one and torchrun did not start more
+    processes on this node than that (a scheduler gave each process its own: SLURM's --gpus-per-task=1, a
+    CUDA_VISIBLE_DEVICES per task). Anything else would put two ranks on one GPU, or guess among several: refused."""
+    seen = f"{count} GPU{'s' * (count != 1)}" + (f" (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else "")
+    if env is None:
+        index = int(device.partition(":")[2] or 0)
+        if index >= count:
+            raise ValueError(f"--device {device}: this process sees {seen}: cuda:0" + f" to cuda:{count - 1}" * (count > 1))
+        return f"cuda:{index}"
+    if device != "cuda":
+        raise ValueError(f"--device {device} under torchrun: each rank takes its GPU from LOCAL_RANK; pass --device "
+                         "cuda (or auto) and choose the GPUs with CUDA_VISIBLE_DEVICES")
+    _, local_rank, _, local_world = env
+    if local_world > count:
+        raise ValueError(f"torchrun started {local_world} processes on this node (--nproc_per_node) but they see "
+                         f"{seen}: start at most {count}, one per GPU")
+    if local_rank < count or count == 1:
+        return f"cuda:{local_rank if local_rank < count else 0}"
+    raise ValueError(f"LOCAL_RANK={local_rank} but this process sees {seen}: give each process all of its node's GPUs "
+                     "or exactly one (SLURM: --gpus-per-task=1), or start fewer processes per node")
+
+
 def init_process_group(backend: str, rank: int, world: int):
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
     if attempt not in (None, "0") and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
@@ -701,14 +778,53 @@ def default_dtype(device_type: str) -> str:
     return "bfloat16" if {"avx512_bf16", "amx_bf16"} & set(flags) else "float32"
 
 
-# Dense bf16 tensor-core peak per GPU, from the vendors' datasheets (SXM parts).
-PEAK_BF16_FLOPS = {"A100": 312e12, "H100": 989e12, "H200": 989e12, "H800": 989e12, "A10G": 125e12,
-                   "L4": 121e12, "L40S": 362e12, "RTX 4090": 165e12, "RTX 3090": 71e12, "B200": 2250e12}
+# Dense (no 2:4 sparsity) bf16 tensor-core peak of one GPU in FLOP/s, from the vendors' datasheets; GeForce cards at
+# their rate with fp32 accumulation, which bf16 matmuls use. A10G: AWS's variant of the A10, no public datasheet.
+PEAK_BF16_FLOPS = {"A100": 312e12, "A800": 312e12, "H100 SXM": 989e12, "H100 PCIe": 756e12, "H100 NVL": 835e12,
+                   "H800 SXM": 989e12, "H800 PCIe": 756e12, "H200 SXM": 989e12, "H200 NVL": 835e12, "GH200": 989e12,
+                   "B200": 2250e12, "A10": 125e12, "A10G": 125e12, "L4": 121e12, "L40": 181e12, "L40S": 362e12,
+                   "RTX 4090": 165e12, "RTX 3090": 71e12}
+
+# torch.cuda.get_device_name() -> PEAK_BF16_FLOPS's model, matched whole (fullmatch), first match wins: a substring
+# would take an H100 NVL or PCIe for an SXM part, and a GH200 for an H200.
+GPU_MODELS = [(r"NVIDIA A100\b.*", "A100"),  # A100-SXM4-80GB, -SXM4-40GB, -PCIE-40GB, 80GB PCIe: one peak
+              (r"NVIDIA A800\b.*", "A800"),
+              (r"NVIDIA H100 NVL\b.*", "H100 NVL"),
+              (r"NVIDIA H100 PCIe\b.*", "H100 PCIe"),
+              (r"NVIDIA H100( \d+GB HBM3| SXM5?\b.*)", "H100 SXM"),  # "NVIDIA H100 80GB HBM3"
+              (r"NVIDIA H800 PCIe\b.*", "H800 PCIe"),
+              (r"NVIDIA H800( \d+GB HBM3)?", "H800 SXM"),
+              (r"NVIDIA H200 NVL\b.*", "H200 NVL"),
+              (r"NVIDIA H200( \d+GB HBM3e| SXM.*)?", "H200 SXM"),  # "NVIDIA H200"
+              (r"NVIDIA GH200\b.*", "GH200"),  # "NVIDIA GH200 480GB": a Grace CPU with an H100-class GPU
+              (r"NVIDIA B200", "B200"),
+              (r"NVIDIA A10", "A10"), (r"NVIDIA A10G", "A10G"),
+              (r"NVIDIA L4", "L4"), (r"NVIDIA L40", "L40"), (r"NVIDIA L40S", "L40S"),
+              (r"NVIDIA GeForce RTX 4090", "RTX 4090"), (r"NVIDIA GeForce RTX 3090", "RTX 3090")]
+
+
+def gpu_model(name: str) -> Optional[str]:
+    """The PEAK_BF16_FLOPS model of a GPU as torch.cuda.get_device_name() reports it; None for any other, and for a
+    MIG slice ("... MIG 3g.40gb"), which has a fraction of the chip's peak."""
+    if re.search(r"\bMIG\b", name):
+        return None
+    return next((model for pattern, model in GPU_MODELS if re.fullmatch(pattern, name.strip())), None)
 
 
 def peak_flops(device_type: str, override: float = 0.0) -> Optional[float]:
-    """Peak bf16 FLOP/s of this device: the override, else a lookup by GPU name, else None (MFU not shown)."""
+    """Peak bf16 FLOP/s of this device: the override, else a lookup of the current GPU's model, else None (MFU
+    not shown; mfu_note says why)."""
     if override > 0 or device_type != "cuda":
         return override or None
-    matches = [key for key in PEAK_BF16_FLOPS if key in torch.cuda.get_device_name()]
-    return PEAK_BF16_FLOPS[max(matches, key=len)] if matches else None  # the longest: "L40S" before "L4"
+    model = gpu_model(torch.cuda.get_device_name())
+    return PEAK_BF16_FLOPS[model] if model else None
+
+
+def mfu_note(device_type: str, peak: Optional[float]) -> str:
+    """Why a run on a GPU shows no MFU ('' when it does, and on a CPU or MPS, which never do)."""
+    if peak or device_type != "cuda":
+        return ""
+    name = torch.cuda.get_device_name()
+    why = "a MIG slice has a share of its GPU's peak" if re.search(r"\bMIG\b", name) else \
+        "its dense bf16 peak is not in run_files.PEAK_BF16_FLOPS"
+    return f"no MFU on {name!r}: {why}; pass --peak_flops (FLOP/s of one GPU or slice) to see it"

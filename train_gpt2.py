@@ -488,16 +488,18 @@ def get_lr(step: int, max_lr: float, min_lr: float, warmup_steps: int, decay_ste
 
 def setup_distributed(device: str = "auto") -> tuple[bool, int, int, int, str]:
     """(ddp, rank, local_rank, world_size, device): one process, or one rank of a torchrun launch (it sets RANK,
-    LOCAL_RANK and WORLD_SIZE) joined to the process group, NCCL on CUDA and gloo on CPU."""
-    device = run_files.check_device(device)
-    if "RANK" not in os.environ:
-        return False, 0, 0, 1, device
-    rank, local_rank, world_size = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
-    if device == "mps":
+    LOCAL_RANK and WORLD_SIZE) joined to the process group, NCCL on CUDA and gloo on CPU. A CUDA device always gets
+    its index (run_files.cuda_device picks it) and is made current: synchronize(), the memory stats and a new
+    context then mean this GPU, never GPU 0."""
+    device, env = run_files.check_device(device), run_files.torchrun_env(os.environ)
+    if env is not None and device == "mps":
         raise ValueError("DDP on mps is not supported; use a single process or --device cpu")
-    device = f"cuda:{local_rank}" if device.startswith("cuda") else "cpu"
     if device.startswith("cuda"):
+        device = run_files.cuda_device(device, env, torch.cuda.device_count(), os.environ.get("CUDA_VISIBLE_DEVICES"))
         torch.cuda.set_device(device)
+    if env is None:
+        return False, 0, 0, 1, device
+    rank, local_rank, world_size, _ = env
     run_files.init_process_group("nccl" if device.startswith("cuda") else "gloo", rank, world_size)
     return True, rank, local_rank, world_size, device
 
@@ -662,7 +664,8 @@ def resume(cfg: TrainConfig, raw_model: GPT, optimizers: list, train_loader: Dat
 def set_up(cfg: TrainConfig, ddp: bool, rank: int, world_size: int, device: str, lock: run_files.LogDirLock, log):
     """Everything a run needs before its first step, checked before anything is written: the data and its tokenizer
     (as its manifest names it), the model, optimizers, HellaSwag and a resumed run's state. Only then is log_dir made
-    (locked against a second run), its log repaired and header.txt written: a run failing its checks leaves no files."""
+    (locked against a second run), its log repaired and header.txt written: a run failing its checks writes nothing
+    but the lock file of an existing log_dir."""
     B, T, device_type = cfg.batch_size, cfg.seq_len, device.split(":")[0]
     if cfg.total_batch_size % (B * T * world_size):
         raise ValueError(f"--total_batch_size {cfg.total_batch_size} is not divisible by batch_size x seq_len x "
@@ -689,9 +692,9 @@ def set_up(cfg: TrainConfig, ddp: bool, rank: int, world_size: int, device: str,
     train_loader = DataLoaderLite(splits["train"], B, T, rank, world_size, raw_model.config.vocab_size, cfg.shuffle,
                                   cfg.seed, sizes)
     guard = run_files.SpikeGuard(cfg.skip_spikes)
-    lock.claim(create=False)  # if log_dir exists, no other run may change its checkpoints from here on
+    unlocked = lock.claim(create=False)  # if log_dir exists, no other run may change its checkpoints from here on
     start = resume(cfg, raw_model, optimizers, train_loader, guard, data, rank, world_size, log)
-    lock.claim(create=True)
+    unlocked = lock.claim(create=True) or unlocked  # a note when the filesystem has no locks
     dtype = cfg.dtype if cfg.dtype != "auto" else run_files.default_dtype(device_type)
     grad_accum_steps = cfg.total_batch_size // (B * T * world_size)
     use_compile = cfg.compile == "true" or (cfg.compile == "auto" and device_type == "cuda")
@@ -703,7 +706,8 @@ def set_up(cfg: TrainConfig, ddp: bool, rank: int, world_size: int, device: str,
     metrics = run_files.Metrics(cfg.log_dir, rank == 0, log, cfg.max_steps, latest={"val": start["val_loss"]},
                                 wandb=dict(project=cfg.wandb_project, name=cfg.wandb_run_name, run_id=start["lineage"]
                                            ["wandb_id"], config={**dataclasses.asdict(cfg), **derived}) if cfg.wandb_project else None)
-    for line in (note, why and f"HellaSwag skipped: {why}"):
+    for line in (note, why and f"HellaSwag skipped: {why}", unlocked and f"warning: {unlocked}",
+                 run_files.mfu_note(device_type, run_files.peak_flops(device_type, cfg.peak_flops))):
         if line:
             log(line)
     epochs = (cfg.max_steps - start["step"]) * cfg.total_batch_size / (train_loader.windows * B * T)
@@ -742,7 +746,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
         try:
             (raw_model, optimizers, train_loader, guard, metrics, start, dtype, grad_accum_steps, use_compile, enc, data,
              val_shards, val_bytes_, hellaswag_examples) = set_up(cfg, ddp, rank, world_size, device, lock, log)
-            model = DDP(raw_model, device_ids=[local_rank] if device_type == "cuda" else None) if ddp else raw_model
+            model = DDP(raw_model, device_ids=[torch.device(device).index] if device_type == "cuda" else None) if ddp else raw_model
             model = torch.compile(model) if use_compile else model  # what trains; raw_model evaluates and saves
             save = functools.partial(save_checkpoint, cfg, raw_model, optimizers, train_loader, guard, enc, data,
                                      start["lineage"], ddp, master_process)

@@ -49,6 +49,8 @@ class Case:
     cpu_only: bool = False  # the input is only bad on a machine without CUDA
     not_as_root: bool = False  # the input is made bad with chmod, which does not stop root
     file_size_limit: int = 0  # > 0: RLIMIT_FSIZE in bytes for the process, a disk that fills up
+    env: tuple = ()  # (name, value) pairs added to the process's environment
+    cuda_only: bool = False  # the input is only bad on a machine with CUDA
 
     @property
     def id(self) -> str:
@@ -90,6 +92,13 @@ CASES = [
     train("unknown preset", "--preset", "gpt3", message="invalid choice: 'gpt3'"),
     train("unknown device", "--device", "tpu", message="tpu"),
     train("--device cuda without a GPU", "--device", "cuda", message="CUDA is not available", cpu_only=True),
+    train("--device cuda:N beyond this machine's GPUs", "--device", "cuda:99", message="--device cuda:99: this process "
+          "sees", cuda_only=True),
+    train("a partial torchrun environment", env=(("RANK", "0"),), message="RANK is set but LOCAL_RANK is not: "
+          "torchrun sets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT together"),
+    train("a malformed torchrun variable", env=(("RANK", "abc"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"),
+                                               ("MASTER_ADDR", "localhost"), ("MASTER_PORT", "29500")),
+          message="RANK='abc' is not a whole number >= 0"),
     train("--log_dir that is a file", "--log_dir", "{d}/a_file", message="not a directory"),
     train("--hellaswag_data that does not exist", "--hellaswag_interval", "1", "--hellaswag_data",
           "{d}/missing.jsonl", message="does not exist"),
@@ -274,7 +283,7 @@ def command(case: Case, d: Path, out: Path) -> list[str]:
 
 
 def run_case(case: Case, d: Path, out: Path) -> subprocess.CompletedProcess:
-    return launcher.run(command(case, d, out), cwd=ROOT, env=child_env(), timeout=TIMEOUT,
+    return launcher.run(command(case, d, out), cwd=ROOT, env={**child_env(), **dict(case.env)}, timeout=TIMEOUT,
                         file_size_limit=case.file_size_limit)
 
 
@@ -282,6 +291,8 @@ def skip_reason(case: Case) -> str:
     """Why this machine cannot make the input bad, or ''."""
     if case.cpu_only and CUDA:
         return "CUDA"
+    if case.cuda_only and not CUDA:
+        return "no CUDA"
     if case.not_as_root and AS_ROOT:
         return "running as root"
     return ""
@@ -291,7 +302,7 @@ def skip_reason(case: Case) -> str:
 def outcomes(request, tmp_path_factory) -> dict:
     """{case: future of its finished process}: the selected cases, started two at a time."""
     d = make_inputs(tmp_path_factory.mktemp("bad_inputs"))
-    busy = os.open(d / "busy", os.O_RDONLY)
+    busy = os.open(d / "busy" / ".lock", os.O_RDWR | os.O_CREAT)
     fcntl.flock(busy, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held for the whole module: that case's log_dir is in use
     selected = [item.callspec.params["case"] for item in request.session.items
                 if getattr(item, "originalname", "") == "test_bad_input_is_rejected_clearly"]

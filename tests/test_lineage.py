@@ -139,7 +139,7 @@ def test_a_fresh_run_in_a_used_log_dir_writes_beside_the_old_checkpoints(data, t
 def test_a_log_dir_in_use_is_refused_naming_the_holder(data, tmp_path):
     log = tmp_path / "log"
     log.mkdir()
-    fd = os.open(log, os.O_RDONLY)
+    fd = os.open(log / ".lock", os.O_RDWR | os.O_CREAT)
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a running train_gpt2.py holds it
     try:
         message = error_of(flags(data, log, max_steps=2))
@@ -147,7 +147,7 @@ def test_a_log_dir_in_use_is_refused_naming_the_holder(data, tmp_path):
         os.close(fd)
     assert message.startswith(f"error: --log_dir {log} is in use by another run (pid {os.getpid()}: ")
     assert message.endswith("wait for it, or choose another --log_dir") and "\n" not in message
-    assert list(log.iterdir()) == []
+    assert [p.name for p in log.iterdir()] == [".lock"]  # the holder's empty lock file, nothing of the refused run
 
 
 @pytest.mark.slow
@@ -187,8 +187,8 @@ def test_a_refused_run_leaves_no_files(data, tmp_path):
         error_of(argv)
         assert not (tmp_path / "new_log").exists()
     (tmp_path / "old_log").mkdir()
-    error_of(flags(data, tmp_path / "old_log", resume=tmp_path / "missing.pt"))
-    assert list((tmp_path / "old_log").iterdir()) == []
+    error_of(flags(data, tmp_path / "old_log", resume=tmp_path / "missing.pt"))  # fails after claiming old_log
+    assert [p.name for p in (tmp_path / "old_log").iterdir()] == [".lock"]  # empty, and it outlives no lock
 
 
 FLOAT_FLAGS = [f.name for f in train_gpt2.dataclasses.fields(train_gpt2.TrainConfig) if f.type == "float"]
