@@ -587,12 +587,12 @@ def parse_train_stdout(text: str) -> tuple[list[dict], str]:
     steps, dtype = [], "unknown"
     for line in text.splitlines():
         fields = [f.strip() for f in line.split("|")]
-        if not re.fullmatch(r"step\s+\d+", fields[0]):
+        if not re.fullmatch(r"step\s+\d+(/\d+)?", fields[0]):  # step N, or step N/total
             found = re.search(r"\b(bfloat16|float16|float32)\b", line)
             if found and not steps:  # the header, printed before the first step
                 dtype = found.group(1)
             continue
-        row = {"step": int(fields[0].split()[1])}
+        row = {"step": int(fields[0].split()[1].split("/")[0])}
         for f in fields[1:]:
             if f.startswith("loss "):
                 row["loss"] = float(f.split()[1])

@@ -522,6 +522,26 @@ def summary(log_dir: str, result: dict, signal_name: Optional[str]) -> str:
     return "\n".join(lines)
 
 
+def start_logging(cfg: dict, derived: dict, notes: list, latest: dict, master: bool, log) -> Metrics:
+    """A run's start in its log_dir and on stdout: log.txt repaired and header.txt appended (rank 0), the notes and
+    what the run is (size, processes, batch, epochs to read) said, and the metrics sink (with wandb when asked for,
+    its config the flags and the derived values) returned."""
+    if master:
+        write_header(Path(cfg["log_dir"]), {"config": cfg, **derived}, log)
+    for note in notes:
+        if note:
+            log(note)
+    d = derived
+    log(f"{d['num_params']:,} parameters | {d['world_size']} process(es) on {d['device']} | {d['dtype']} | compile "
+        f"{d['compile']}")
+    log(f"total batch {cfg['total_batch_size']:,} tokens = {cfg['batch_size']} x {cfg['seq_len']} x {d['world_size']} "
+        f"ranks x {d['grad_accum_steps']} micro-steps; {d['epochs']:.2f} epochs of the train split "
+        f"({d['train_tokens']:,} tokens) to read")
+    wandb = dict(project=cfg["wandb_project"], name=cfg["wandb_run_name"], run_id=d["lineage"]["wandb_id"],
+                 config={**cfg, **derived}) if cfg["wandb_project"] else None
+    return Metrics(cfg["log_dir"], master, log, cfg["max_steps"], wandb, latest)
+
+
 def start_wandb(project: str, name: str, run_id: str, config: dict):
     """The Weights & Biases run of this lineage: run_id (kept in its checkpoints) continues it after a resume."""
     import wandb  # optional dependency, imported only when asked for
@@ -755,9 +775,14 @@ def any_rank(flag: bool, world_size: int, device) -> bool:
     return bool(t.item())
 
 
-def keep_freed_memory():
-    """On glibc, stop handing big freed blocks back to the OS: otherwise every CPU step maps its large buffers (the
-    logits, the gradients) afresh and page-faults them in again, a large part of a small model's step."""
+def tune_for(device_type: str):
+    """Speed settings no experiment changes: TF32 for any fp32 matmul left outside autocast on CUDA; on a CPU with
+    glibc, big freed blocks kept in the process (otherwise every step maps its large buffers, the logits and the
+    gradients, afresh and page-faults them in again: a large part of a small model's step)."""
+    if device_type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    if device_type != "cpu":
+        return
     try:
         libc = ctypes.CDLL("libc.so.6")
         libc.mallopt(-4, 0)  # M_MMAP_MAX = 0: big blocks come from the heap, and stay there for the next step

@@ -38,8 +38,6 @@ import plot  # curves.png
 import run_files  # the plumbing: checkpoint files, lineages, the log_dir lock, atomic writes, signals
 from fineweb import get_tokenizer, token_byte_lengths, tokenizer_from_manifest, tokenizer_info  # the data's tokenizers
 
-HERE = Path(__file__).resolve().parent
-
 # ----------------------------------------------------------------------------------------------------------
 # Configuration
 
@@ -143,6 +141,10 @@ class TrainConfig:
                              f"{self.min_lr_ratio}, {self.beta2}")
         if self.val_tokens % self.seq_len or (self.eval_interval and not self.val_tokens):
             raise ValueError(f"--val_tokens ({self.val_tokens}) must be a positive multiple of --seq_len ({self.seq_len})")
+        if empty := next((k for k in ("data_root", "log_dir", "init_from") if not getattr(self, k)), None):
+            raise ValueError(f"--{empty} is an empty path")
+        if self.seed >= 2**63:  # torch's generators take 64-bit seeds
+            raise ValueError(f"--seed must be below 2**63, got {self.seed}")
         if self.hellaswag_data:
             run_files.check_path(self.hellaswag_data, "--hellaswag_data", is_dir=False)
 
@@ -681,10 +683,7 @@ def set_up(cfg: TrainConfig, ddp: bool, rank: int, world_size: int, device: str,
     val_bytes_ = val_bytes(val_shards, cfg.val_tokens, T, token_byte_lengths(enc)) if cfg.eval_interval else 0
     hellaswag_examples, why = hellaswag.load_for_training(cfg.hellaswag_data, cfg.hellaswag_limit, enc.name, rank,
                                                           world_size, device) if cfg.hellaswag_interval else ([], "")
-    if device_type == "cuda":  # TF32 for any fp32 matmul left outside autocast
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    if device_type == "cpu":
-        run_files.keep_freed_memory()
+    run_files.tune_for(device_type)  # TF32 for fp32 matmuls on CUDA, freed memory kept on a CPU
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
     raw_model = build_model(cfg, enc, manifest is not None).to(device)
     optimizers = raw_model.configure_optimizers(cfg.weight_decay, cfg.max_lr, device_type,
@@ -700,20 +699,12 @@ def set_up(cfg: TrainConfig, ddp: bool, rank: int, world_size: int, device: str,
     use_compile = cfg.compile == "true" or (cfg.compile == "auto" and device_type == "cuda")
     derived = {"num_params": raw_model.num_params(), "grad_accum_steps": grad_accum_steps, "dtype": dtype,
                "compile": use_compile, "device": device, "world_size": world_size, "data": data,
-               "resumed_from": None if start["path"] is None else str(start["path"]), "lineage": start["lineage"]}
-    if rank == 0:
-        run_files.write_header(Path(cfg.log_dir), {"config": dataclasses.asdict(cfg), **derived}, log)
-    metrics = run_files.Metrics(cfg.log_dir, rank == 0, log, cfg.max_steps, latest={"val": start["val_loss"]},
-                                wandb=dict(project=cfg.wandb_project, name=cfg.wandb_run_name, run_id=start["lineage"]
-                                           ["wandb_id"], config={**dataclasses.asdict(cfg), **derived}) if cfg.wandb_project else None)
-    for line in (note, why and f"HellaSwag skipped: {why}", unlocked and f"warning: {unlocked}",
-                 run_files.mfu_note(device_type, run_files.peak_flops(device_type, cfg.peak_flops))):
-        if line:
-            log(line)
-    epochs = (cfg.max_steps - start["step"]) * cfg.total_batch_size / (train_loader.windows * B * T)
-    log(f"{raw_model.num_params():,} parameters | {world_size} process(es) on {device} | {dtype} | compile {use_compile}")
-    log(f"total batch {cfg.total_batch_size:,} tokens = {B} x {T} x {world_size} ranks x {grad_accum_steps} micro-steps; "
-        f"{epochs:.2f} epochs of the train split ({train_loader.windows * B * T:,} tokens) to read")
+               "epochs": (cfg.max_steps - start["step"]) * cfg.total_batch_size / (train_loader.windows * B * T),
+               "train_tokens": train_loader.windows * B * T, "resumed_from": start["path"] and str(start["path"]),
+               "lineage": start["lineage"]}
+    notes = [note, why and f"HellaSwag skipped: {why}", unlocked and f"warning: {unlocked}",
+             run_files.mfu_note(device_type, run_files.peak_flops(device_type, cfg.peak_flops))]
+    metrics = run_files.start_logging(dataclasses.asdict(cfg), derived, notes, {"val": start["val_loss"]}, rank == 0, log)
     return (raw_model, optimizers, train_loader, guard, metrics, start, dtype, grad_accum_steps, use_compile, enc, data,
             val_shards, val_bytes_, hellaswag_examples)
 
@@ -746,30 +737,28 @@ def train(cfg: TrainConfig, log=print) -> dict:
         try:
             (raw_model, optimizers, train_loader, guard, metrics, start, dtype, grad_accum_steps, use_compile, enc, data,
              val_shards, val_bytes_, hellaswag_examples) = set_up(cfg, ddp, rank, world_size, device, lock, log)
-            model = DDP(raw_model, device_ids=[torch.device(device).index] if device_type == "cuda" else None) if ddp else raw_model
-            model = torch.compile(model) if use_compile else model  # what trains; raw_model evaluates and saves
+            model = raw_model  # what trains, below wrapped in DDP and compiled; raw_model evaluates and saves
+            if ddp:
+                model = DDP(model, device_ids=[torch.device(device).index] if device_type == "cuda" else None)
+            model = torch.compile(model) if use_compile else model  # after DDP: gradient buckets split the graph
             save = functools.partial(save_checkpoint, cfg, raw_model, optimizers, train_loader, guard, enc, data,
                                      start["lineage"], ddp, master_process)
             stopping = lambda: run_files.any_rank(stop.requested is not None, world_size, device)  # noqa: E731
             fixed_batch = train_loader.next_batch() if cfg.overfit_batch else None
             flops, peak = flops_per_token(raw_model, cfg.seq_len), run_files.peak_flops(device_type, cfg.peak_flops)
             step, stopped = start["step"], False
-            for step in range(start["step"], cfg.max_steps + 1):
-                if stopped := stopping():
-                    break
-                if (step > start["step"] or not start["evals_done"]) and not evaluate(
-                        cfg, step, raw_model, enc, val_shards, val_bytes_, hellaswag_examples, dtype, rank, world_size,
-                        device, metrics, stopping):
-                    stopped = True
-                    break
-                if step == cfg.max_steps:
+            for step in range(start["step"], cfg.max_steps + 1):  # evaluate (a stop request cuts it short), then train
+                stopped = stopping() or ((step > start["step"] or not start["evals_done"]) and not evaluate(
+                    cfg, step, raw_model, enc, val_shards, val_bytes_, hellaswag_examples, dtype, rank, world_size,
+                    device, metrics, stopping))  # an end-of-run checkpoint's step has been evaluated already
+                if stopped or step == cfg.max_steps:
                     break
                 t0 = time.time()
                 model.zero_grad(set_to_none=True)
                 loss_accum = torch.zeros((), device=device)
                 for micro_step in range(grad_accum_steps):
                     x, y = fixed_batch if cfg.overfit_batch else train_loader.next_batch()
-                    x, y = to_device(x, device), to_device(y, device)
+                    x, y = x.to(device), y.to(device)
                     if ddp:  # all-reduce gradients only on the last micro-step (set before the forward)
                         model.require_backward_grad_sync = micro_step == grad_accum_steps - 1
                     with autocast_context(device_type, dtype):
@@ -813,10 +802,6 @@ def train(cfg: TrainConfig, log=print) -> dict:
             lock.release()
             if ddp and dist.is_initialized():
                 dist.destroy_process_group()
-
-def to_device(t: torch.Tensor, device: str) -> torch.Tensor:
-    """A host batch on the run's device; pinned memory lets the copy to a GPU overlap with compute."""
-    return t.pin_memory().to(device, non_blocking=True) if device.startswith("cuda") else t.to(device)
 
 # ----------------------------------------------------------------------------------------------------------
 # Command line

@@ -205,11 +205,14 @@ step     1 | non-finite loss nan / grad norm nan: update skipped
 step     1 | loss nan | lr 6.0000e-04 | norm nan |    12.5 ms |  163840 tok/s | MFU 41.00%
 step     2 | val loss 10.1234
 step     2 |  5000 tok/s | loss 10.5 | 123.4 ms
+step     3/9 | loss 9.5 | lr 6.0000e-04 | norm 1.0 |    99.0 ms |     7000 tok/s | epoch 0.10 | 2s left
+eval     4/9 | val loss 9.1
 sampled bfloat16 text after the header: not a dtype
 """
     steps, dtype = bench.parse_train_stdout(text)
     assert dtype == "float32"
-    assert [s["step"] for s in steps] == [0, 1, 2]
+    assert [s["step"] for s in steps] == [0, 1, 2, 3]
+    assert steps[3] == {"step": 3, "loss": 9.5, "ms": 99.0, "tok_per_s": 7000.0}
     assert steps[0] == {"step": 0, "loss": 10.767937, "ms": 9075.5, "tok_per_s": 226.0}
     assert steps[1]["ms"] == 12.5 and steps[1]["tok_per_s"] == 163840.0
     assert steps[2] == {"step": 2, "loss": 10.5, "ms": 123.4, "tok_per_s": 5000.0}

@@ -53,10 +53,11 @@ def window_starts(x: torch.Tensor, y: torch.Tensor) -> int:
     return int(flat_x[0])
 
 
-def expected_windows(sizes=SIZES) -> list[int]:
-    """Every window's first token, in order: windows of B*T+1 tokens at stride B*T inside each shard."""
-    offsets = np.cumsum([0, *sizes])
-    return [int(offsets[k] + s) for k, n in enumerate(sizes) for s in range(0, n - B * T, B * T)]
+def expected_windows(sizes=SIZES, offset=0) -> list[int]:
+    """Every window's first token, in order: windows of B*T+1 tokens at stride B*T inside each shard, the grid
+    starting `offset` tokens into each shard."""
+    starts = np.cumsum([0, *sizes])
+    return [int(starts[k] + s) for k, n in enumerate(sizes) for s in range(offset, n - B * T, B * T)]
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -164,24 +165,28 @@ def test_in_order_the_world_reads_every_window_in_order(data, W):
 
 
 @pytest.mark.parametrize("W", [1, 3])
-def test_shuffled_epochs_read_every_window_exactly_once(data, W):
-    """Each epoch is a seeded permutation (of shards, and of windows within each), the same on every rank; over
-    3 ranks and 2 epochs every window is read exactly once per epoch; the two epochs differ."""
+def test_shuffled_epochs_read_every_window_of_a_moved_grid_exactly_once(data, W):
+    """Each epoch reads the windows of a grid moved by a seeded offset in [0, B*T) (new window boundaries every
+    epoch), in a seeded permutation of the shards and of the windows within each, the same on every rank: over W
+    ranks and 4 epochs every window of each epoch's grid is read exactly once, none crossing a shard's end."""
     _, paths = data
-    n = len(expected_windows())
     ranks = loaders(paths, W, shuffle=True, seed=7)
-    got = read_all(ranks, steps=-(-2 * n // W))[: 2 * n]
-    first, second = got[:n], got[n:]
-    assert sorted(first) == sorted(second) == sorted(expected_windows())
-    assert first != second and first != expected_windows()
-    # windows of one shard stay together: the shard order is permuted, then the windows within each shard
-    shard_of = {w: k for k, s in enumerate(np.cumsum([0, *SIZES])[:-1]) for w in expected_windows() if w >= s}
-    runs = [shard_of[w] for w in first]
-    assert sum(a != b for a, b in zip(runs, runs[1:])) == len(set(runs)) - 1
-    again = read_all(loaders(paths, W, shuffle=True, seed=7), steps=-(-n // W))[:n]
-    assert again == first  # seeded: reproducible
-    other = read_all(loaders(paths, W, shuffle=True, seed=8), steps=-(-n // W))[:n]
-    assert other != first
+    sizes = [ranks[0].order(e).shape[0] for e in range(4)]
+    got = read_all(ranks, steps=-(-sum(sizes) // W))[: sum(sizes)]
+    starts = np.cumsum([0, *SIZES])
+    offsets = []
+    for e, n in enumerate(sizes):
+        epoch, got = got[:n], got[n:]
+        shard = [int(np.searchsorted(starts, w, side="right")) - 1 for w in epoch]
+        offsets.append((epoch[0] - starts[shard[0]]) % (B * T))
+        assert sorted(epoch) == expected_windows(offset=offsets[-1]), e  # every window of that grid, once
+        assert all(w + B * T < starts[k + 1] for w, k in zip(epoch, shard))  # B*T+1 tokens inside the shard
+        assert epoch != expected_windows(offset=offsets[-1])  # permuted
+        assert sum(a != b for a, b in zip(shard, shard[1:])) == len(set(shard)) - 1  # a shard's windows together
+    assert len(set(offsets)) > 1  # the grid moves between epochs
+    first = read_all(loaders(paths, W, shuffle=True, seed=7), steps=-(-sizes[0] // W))[: sizes[0]]
+    assert first == read_all(loaders(paths, W, shuffle=True, seed=7), steps=-(-sizes[0] // W))[: sizes[0]]  # seeded
+    assert first != read_all(loaders(paths, W, shuffle=True, seed=8), steps=-(-sizes[0] // W))[: sizes[0]]
 
 
 @pytest.mark.parametrize("shuffle", [False, True])
@@ -213,7 +218,7 @@ def test_state_dict_from_other_data_or_batching_is_refused(data, tmp_path):
 
 def test_too_few_windows_for_the_ranks(tmp_path):
     paths = write_split(tmp_path, "train", [20])  # two windows of 9 tokens
-    assert len(DataLoaderLite(paths, B, T, rank=1, world=2).all) == 2
+    assert DataLoaderLite(paths, B, T, rank=1, world=2).windows == 2
     with pytest.raises(ValueError, match="2 window\\(s\\) of B x T \\+ 1 = 9 tokens, fewer than one step needs \\(one for each of 3 rank"):
         DataLoaderLite(paths, B, T, rank=0, world=3)
 

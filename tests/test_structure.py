@@ -82,7 +82,7 @@ def test_plumbing_lives_in_run_files_and_imports_run_one_way():
     are run_files.py's; train_gpt2.py keeps what an experiment edits. run_files imports no project module, so no
     two files import each other."""
     for name in ("load_checkpoint", "atomic_write", "capture_rng_state", "checkpoint_paths", "choose_lineage",
-                 "LogDirLock", "StopSignal", "write_header", "find_shards", "keep_freed_memory", "peak_flops",
+                 "LogDirLock", "StopSignal", "write_header", "find_shards", "tune_for", "peak_flops",
                  "SpikeGuard", "Metrics"):
         assert name not in TOP and hasattr(run_files, name), name
     for name in ("GPTConfig", "TrainConfig", "GPT", "DataLoaderLite", "get_lr", "setup_distributed",
@@ -214,7 +214,7 @@ def test_one_sink_feeds_stdout_log_and_wandb_and_a_new_metric_is_one_line(tmp_pa
     assert [s for s, _ in log["train"]] == [0, 1, 2, 3] and [s for s, _ in log["val"]] == [0, 2, 4]
     assert [s for s, _ in log["hella"]] == [0, 2, 4] and [s for s, _ in log["weight_rms"]] == [0, 1, 2, 3, 4]
     printed = [m for m in messages if "weight_rms" in m]
-    assert len(printed) == 5 and printed[0].startswith("step     0 | ")
+    assert len(printed) == 5 and printed[0].startswith("eval     0/4 | ")
     assert metrics["weight_rms"] == pytest.approx(log["weight_rms"][-1][1], rel=1e-7)
     assert metrics["hella"] == pytest.approx(log["hella"][-1][1], rel=1e-7)
     assert plot.curves_png(tmp_path / "log")[:4] == b"\x89PNG"
