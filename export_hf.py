@@ -85,7 +85,8 @@ def bpe_merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
     (r - 256)-th merge, of the two pieces that BPE with the lower-ranked tokens leaves of it. Ranks 0..255 must be
     the 256 single bytes."""
     by_rank = sorted(ranks.items(), key=lambda item: item[1])
-    if sorted(len(token) for token, _ in by_rank[:256]) != [1] * 256 or [r for _, r in by_rank] != list(range(len(by_rank))):
+    single_bytes = all(len(token) == 1 for token, _ in by_rank[:256])
+    if not single_bytes or [rank for _, rank in by_rank] != list(range(len(by_rank))):
         raise ValueError("not a byte-level BPE vocabulary: ranks 0..255 must be the single bytes, then 256, 257, ...")
     merges = []
     for token, rank in by_rank[256:]:
@@ -183,8 +184,9 @@ def export_hf(checkpoint_path: str | os.PathLike, out_dir: str | os.PathLike, wi
     enc = checkpoint_tokenizer(ckpt, str(checkpoint_path))
     if with_tokenizer and c.vocab_size < enc.n_vocab:
         recorded = "it records" if (ckpt.get("tokenizer") or {}).get("tokenizer") else "assumed (it records none)"
-        raise ValueError(f"{checkpoint_path}: the model has {c.vocab_size} token rows, fewer than the {enc.n_vocab} ids "
-                         f"of the {enc.name} tokenizer {recorded}; an export needs a tokenizer that fits the model")
+        raise ValueError(f"{checkpoint_path}: the model has {c.vocab_size} token rows, fewer than the "
+                         f"{enc.n_vocab} ids of the {enc.name} tokenizer {recorded}; an export needs a tokenizer "
+                         f"that fits the model")
     from transformers import GPT2Config, GPT2LMHeadModel  # heavy; only when asked for
 
     vocab = min(c.vocab_size, enc.n_vocab)  # 50304 -> 50257: the padding rows are dropped
@@ -198,8 +200,10 @@ def export_hf(checkpoint_path: str | os.PathLike, out_dir: str | os.PathLike, wi
     if result.missing_keys or result.unexpected_keys:
         raise ValueError(f"{checkpoint_path} does not map onto GPT-2: missing {result.missing_keys[:10]}, "
                          f"unexpected {result.unexpected_keys[:10]}")
-    files = {} if not with_tokenizer else (char_tokenizer_files(enc.chars, c.block_size)
-                                           if isinstance(enc, CharTokenizer) else gpt2_tokenizer_files(enc, c.block_size))
+    files = {}
+    if with_tokenizer:
+        files = (char_tokenizer_files(enc.chars, c.block_size) if isinstance(enc, CharTokenizer)
+                 else gpt2_tokenizer_files(enc, c.block_size))
     tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")  # complete, then renamed: never a half export
     try:
         hf.save_pretrained(tmp)
@@ -214,8 +218,8 @@ def export_hf(checkpoint_path: str | os.PathLike, out_dir: str | os.PathLike, wi
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="export_hf.py", allow_abbrev=False,
-                                     description="Write a checkpoint and its tokenizer as a Hugging Face GPT-2 directory.")
+    parser = argparse.ArgumentParser(prog="export_hf.py", allow_abbrev=False, description="Write a checkpoint and "
+                                     "its tokenizer as a Hugging Face GPT-2 directory.")
     parser.add_argument("checkpoint", help="a model_*.pt written by training")
     parser.add_argument("out_dir", help="directory for the model and tokenizer files (must not exist, or be empty)")
     args = parser.parse_args(argv)
