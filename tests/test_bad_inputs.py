@@ -136,7 +136,11 @@ CASES = [
     Case("export_hf.py", "a checkpoint that does not exist", ("{d}/missing.pt", "{out}"), "does not exist"),
     Case("export_hf.py", "an OUT_DIR that holds files", ("{d}/other_shape.pt", "{d}/texts_full"),
          "already exists and is not an empty directory"),
-    Case("export_hf.py", "a full disk", ("{d}/other_shape.pt", "{out}"), "export_hf.py: error:", file_size_limit=2_000),
+    Case("export_hf.py", "a full disk", ("{d}/char_model.pt", "{out}"), "nothing was left behind", file_size_limit=2_000),
+    Case("export_hf.py", "a model smaller than its tokenizer", ("{d}/other_shape.pt", "{out}"),
+         "the model has 64 token rows, fewer than the 50257 ids of the gpt2 tokenizer"),
+    Case("export_hf.py", "a checkpoint that names an unknown tokenizer", ("{d}/odd_tokenizer.pt", "{out}"),
+         "manifest tokenizer 'sentencepiece': expected 'gpt2', or 'char'"),
     Case("plot.py", "a directory without log.txt", ("{d}/empty",), "log.txt does not exist"),
     Case("plot.py", "a malformed log.txt", ("{d}/bad_log",), "log.txt:1"),
     Case("plot.py", "a full disk", ("{d}/good_log", "--out", "{out}.png"), "plot.py: error:", file_size_limit=2_000),
@@ -259,6 +263,7 @@ def make_inputs(d: Path) -> Path:
     (d / "ahead").mkdir()
     torch.save({**weights, "optimizer": {}, "train_loader": {}, "rng": {}, "step": 4}, d / "ahead" / "model_00004.pt")
     torch.save({**weights, "tokenizer": {"tokenizer": "char", "vocab": "abc"}}, d / "char_model.pt")
+    torch.save({**weights, "tokenizer": {"tokenizer": "sentencepiece"}}, d / "odd_tokenizer.pt")
     shards("unfinished", tokens(4096))
     (d / "unfinished" / ".fineweb_incomplete").touch()
     shards("two_corpora", tokens(4096))
