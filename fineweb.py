@@ -342,6 +342,8 @@ def is_transient(error: BaseException) -> bool:
     status = getattr(getattr(error, "response", None), "status_code", None)
     if isinstance(status, int):  # an HTTP error of requests, httpx or huggingface_hub
         return status in (408, 429) or status >= 500
+    if "OfflineModeIsEnabled" in str(error):  # HF_HUB_OFFLINE=1: datasets raises ConnectionError, not worth a wait
+        return False
     if isinstance(error, (ConnectionError, TimeoutError)):
         return True
     if isinstance(error, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
@@ -426,14 +428,14 @@ class StreamError(CorpusError):
 
 
 class Cursor:
-    """Iterating it yields a source's documents from a position on, counting them and keeping a running CRC-32 of
-    their text, so a continued run can check that the documents it skips are those its finished shards were made
-    from. A transient error (a dropped connection) reopens the source where it broke, after an exponential backoff
-    (delay, 2 x delay, ...); after `retries` failures in a row it raises StreamError.
+    """Iterating it yields a source's documents from a position on, counting them; a transient error (a dropped
+    connection) reopens the source where it broke, after an exponential backoff (delay, 2 x delay, ...), and after
+    `retries` failures in a row it raises StreamError.
 
-    A position (position(), and `start`) is {"documents": d, "checksum": CRC-32 of documents 0..d-1, "stream":
-    None or {"documents": k <= d, "checksum", "state": the source's state there}}: reopening reads from the
-    stream mark and skips to d."""
+    A position (position(), and `start`) is {"documents": d, "checksum": of documents 0..d-1 (see chain_crc),
+    "stream": None or {"documents": k <= d, "checksum": of documents 0..k-1, "state": the source's state there}}.
+    Opening at a position reads from the stream mark (or the start), skips to d and checks the skipped documents
+    against the checksum: a continued run makes sure its input is the one its finished shards were made from."""
 
     def __init__(self, source, start: Optional[dict] = None, *, retries: int = 5, delay: float = 2.0,
                  sleep=time.sleep, on_retry=None, mark_every: int = 1000):
@@ -441,10 +443,10 @@ class Cursor:
         mark = start.get("stream") or {"documents": 0, "checksum": 0, "state": None}
         self.source, self.retries, self.delay, self.sleep, self.on_retry = source, retries, delay, sleep, on_retry
         self.mark_every = mark_every
-        self.index, self.checksum = start["documents"], start["checksum"]  # documents read (or to skip) so far
-        self._marks = collections.deque([(mark["documents"], mark["checksum"], mark["state"])])
-        self._before = collections.deque()  # checksum before each document read and not yet passed to position()
-        self._first = self.index  # the document _before[0] belongs to
+        self.index = start["documents"]  # documents read (or to skip to) so far
+        self._target = start["checksum"]  # what the skipped documents must sum to; None once the first are read
+        # Places the source can reopen at: [k, checksum of 0..k-1 (None until passed() says), state]
+        self._marks = collections.deque([[mark["documents"], mark["checksum"], mark["state"]]])
         self._open = None
 
     def __iter__(self) -> Iterator[str]:
@@ -454,13 +456,11 @@ class Cursor:
                 docs = self._reopen()
                 for doc in docs:
                     failures = 0
-                    self._before.append(self.checksum)
-                    self.checksum = zlib.crc32(doc.encode("utf-8", "surrogatepass"), self.checksum)
                     self.index += 1
                     yield doc
                     # The consumer wants the next document: the stream is now just past this one.
                     if self.index % self.mark_every == 0 and (state := self.source.state()) is not None:
-                        self._marks.append((self.index, self.checksum, state))
+                        self._marks.append([self.index, None, state])
                 return
             except Exception as e:
                 if not self.source.transient(e):
@@ -479,27 +479,35 @@ class Cursor:
                 self.close()
 
     def _reopen(self) -> Iterator[str]:
-        """The source opened at the latest mark, advanced to self.index (its documents checked against the
-        checksum)."""
+        """The source opened at the latest mark and advanced to self.index (the skipped documents checked when
+        both checksums are known: always when a run continues)."""
         k, checksum, state = self._marks[-1]
+        check = checksum is not None and self._target is not None
         self._open = docs = self.source.open(state)
         for i in range(k, self.index):
             doc = next(docs, None)
             if doc is None:
                 raise CorpusError(f"the input ended after {i:,} documents, but the run had read {self.index:,}: it "
                                   f"changed since; pass --overwrite to start over")
-            checksum = zlib.crc32(doc.encode("utf-8", "surrogatepass"), checksum)
-        if checksum != self.checksum:
+            if check:
+                checksum = chain_crc(checksum, document_crc(doc))
+        if check and checksum != self._target:
             raise CorpusError(f"the first {self.index:,} documents of the input are not those read before (their "
                               f"checksum differs): it changed since; pass --overwrite to start over")
+        self._target = None
         return docs
 
-    def position(self, documents: int) -> dict:
-        """The position of document `documents` (read already, or the next one); forgets what lies before it."""
-        while self._first < documents:
-            self._before.popleft()
-            self._first += 1
-        checksum = self._before[0] if self._before else self.checksum
+    def passed(self, documents: int, checksum: int) -> None:
+        """The consumer's word that documents 0..documents-1 have this checksum (see chain_crc); called for each
+        document in order, it completes the marks."""
+        for mark in reversed(self._marks):
+            if mark[0] < documents:
+                break
+            if mark[0] == documents:
+                mark[1] = checksum
+
+    def position(self, documents: int, checksum: int) -> dict:
+        """The position of document `documents` (its checksum passed by the consumer); forgets older marks."""
         while len(self._marks) > 1 and self._marks[1][0] <= documents:
             self._marks.popleft()
         k, mark_checksum, state = self._marks[0]
@@ -514,7 +522,6 @@ class Cursor:
         if self._open is not None and hasattr(self._open, "close"):
             self._open.close()
         self._open = None
-
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -654,18 +661,34 @@ def encode_documents(enc, docs: list[str]) -> list[np.ndarray]:
     return out
 
 
-def tokenize_batch(docs: list[str]) -> list[np.ndarray]:
-    """Pool task: encode a batch of documents with this process's tokenizer."""
+def document_crc(doc: str) -> int:
+    """CRC-32 of a document's UTF-8 text: what a continued run checks the documents it skips against."""
+    return zlib.crc32(doc.encode("utf-8", "surrogatepass"))
+
+
+def chain_crc(checksum: int, crc: int) -> int:
+    """The checksum of documents 0..i from that of 0..i-1 and document i's CRC (4 bytes: the main thread never
+    touches the text, whose CRC the workers compute)."""
+    return zlib.crc32(crc.to_bytes(4, "little"), checksum)
+
+
+def encode_batch(enc, docs: list[str]) -> tuple[list[np.ndarray], list[int]]:
+    """(encode_documents(enc, docs), each document's document_crc)."""
+    return encode_documents(enc, docs), [document_crc(doc) for doc in docs]
+
+
+def tokenize_batch(docs: list[str]) -> tuple[list[np.ndarray], list[int]]:
+    """Pool task: encode_batch with this process's tokenizer."""
     global _WORKER_ENCODING
     if _WORKER_ENCODING is None:  # called outside a pool (tests, workers=1)
         _WORKER_ENCODING = load_tokenizer()
-    return encode_documents(_WORKER_ENCODING, docs)
+    return encode_batch(_WORKER_ENCODING, docs)
 
 
 def tokenize_documents(
     docs: Iterable[str], enc, workers: int = 1, start_method: Optional[str] = None
-) -> Iterator[list[np.ndarray]]:
-    """Token arrays of the documents, in order, one list per batch; workers > 1 uses a process pool.
+) -> Iterator[tuple[list[np.ndarray], list[int]]]:
+    """(token arrays, CRCs) of the documents, in order, one pair per batch; workers > 1 uses a process pool.
 
     A worker that dies (out-of-memory killer, kill -9) raises BrokenProcessPool here at once: an executor notices
     a lost worker, where multiprocessing.Pool would wait forever for its task.
@@ -673,7 +696,7 @@ def tokenize_documents(
     batches = batch_documents(docs)
     if workers == 1:  # no pool: no start-up cost, and errors surface with their own traceback
         for batch in batches:
-            yield encode_documents(enc, batch)
+            yield encode_batch(enc, batch)
         return
     ctx = multiprocessing.get_context(start_method)
     pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(enc,))
@@ -1053,9 +1076,14 @@ def plan_run(out_dir: str | os.PathLike, prefix: str, settings: dict, overwrite:
         discard_dir(staging, prefix)  # an earlier --overwrite's unfinished corpus; this one starts over
         return Plan(staging, None, [f"--overwrite: starting the new corpus in {staging} afresh"
                                     + (f" ({problem})" if problem else "")])
+    notes = []
+    if staging_dir(out_dir, prefix).exists():
+        notes.append(f"note: {staging_dir(out_dir, prefix)} holds the unfinished new corpus of an --overwrite run: "
+                     f"the same --overwrite command continues it; delete it to free its space")
     ours, _ = find_outputs(out_dir, prefix)
-    if not ours:
-        return Plan(out_dir, None, [])
+    if not any(_run_files().SHARD_NAME.fullmatch(p.name) or p.name == MANIFEST for p in ours):
+        remove_files(out_dir, prefix)  # a marker or temp files, but nothing finished to keep: begin again
+        return Plan(out_dir, None, notes)
     if (out_dir / MANIFEST).exists():
         raise CorpusError(f"{out_dir} already holds a finished corpus ({MANIFEST}); pass --overwrite to replace it, "
                           f"or choose another --out_dir")
@@ -1064,17 +1092,17 @@ def plan_run(out_dir: str | os.PathLike, prefix: str, settings: dict, overwrite:
         raise CorpusError(f"{out_dir} already holds {len(ours)} file(s) of an earlier run (e.g. {ours[0].name}) and no "
                           f"progress record to continue from; pass --overwrite to replace them, or choose another "
                           f"--out_dir")
-    if not record["shards"]:  # nothing finished to keep: begin again, whatever the settings were
+    if not record["shards"]:  # nothing finished to keep (a small corpus's first shard, say): begin again
         remove_files(out_dir, prefix)
-        return Plan(out_dir, None, [])
+        return Plan(out_dir, None, notes)
     if difference := settings_difference(record["settings"], settings):
         raise CorpusError(f"{out_dir} holds an unfinished run with other settings ({difference}); pass --overwrite "
                           f"to start over, or use the same command to continue")
     if problem := check_finished_shards(out_dir, record["shards"]):
         raise CorpusError(f"cannot continue the unfinished run in {out_dir}: {problem}; pass --overwrite to start "
                           f"over")
-    return Plan(out_dir, record, [f"continuing the unfinished run in {out_dir}: {len(record['shards'])} finished "
-                                  f"shard(s) kept, from document {record['documents']:,} on"])
+    return Plan(out_dir, record, notes + [f"continuing the unfinished run in {out_dir}: {len(record['shards'])} "
+                                          f"finished shard(s) kept, from document {record['documents']:,} on"])
 
 
 def finish_swap(out_dir: str | os.PathLike, prefix: str) -> Optional[dict]:
@@ -1195,16 +1223,16 @@ def run_pipeline(
     marker = out_dir / _run_files().FINEWEB_INCOMPLETE
     if resume is None:
         writer = ShardWriter(out_dir, prefix, shard_size)
-        skip = 0
+        skip, checksum = 0, 0
         try:
             out_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise CorpusError(f"cannot create --out_dir {out_dir} ({e.strerror})") from None
         # The marker first: train_gpt2.py refuses the directory until the manifest is there.
-        write_progress(out_dir, progress_record(settings, writer, cursor.position(0), 0, 0.0))
+        write_progress(out_dir, progress_record(settings, writer, cursor.position(0, 0), 0, 0.0))
     else:
         writer = ShardWriter.resumed(out_dir, prefix, shard_size, resume)
-        skip = resume["skip_tokens"]
+        skip, checksum = resume["skip_tokens"], resume["checksum"]
         remove_files(out_dir, prefix, keep=[s["file"] for s in resume["shards"]] + [marker.name])  # unrecorded work
     tokens_before = writer.tokens
     bar = None
@@ -1216,16 +1244,19 @@ def run_pipeline(
                    unit_divisor=1024 if src.unit == "B" else 1000, desc=f"tokenizing -> {prefix}", smoothing=0.1)
     stream = tokenize_documents(docs, enc, workers, start_method)
     try:
-        for arrays in stream:
-            for tokens in arrays:
+        for arrays, crcs in stream:
+            for tokens, crc in zip(arrays, crcs):
+                index = writer.docs  # this document's number; checksum: that of the documents before it
+                cursor.passed(index, checksum)
                 if skip:  # the document the last finished shard ends in: the rest of it
                     tokens, skip = tokens[skip:], 0
                 written = len(writer.shards)
                 writer.add(tokens)
                 if len(writer.shards) > written:
-                    documents, skip_tokens = writer.resume_point
-                    write_progress(out_dir, progress_record(settings, writer, cursor.position(documents), skip_tokens,
-                                                            seconds_before + time.perf_counter() - t0))
+                    documents, skip_tokens = writer.resume_point  # documents == index: shards end inside add()
+                    write_progress(out_dir, progress_record(settings, writer, cursor.position(documents, checksum),
+                                                            skip_tokens, seconds_before + time.perf_counter() - t0))
+                checksum = chain_crc(checksum, crc)
             if bar is not None:
                 bar.update(cursor.progress() - bar.n)
                 rate = (writer.tokens - tokens_before) / (time.perf_counter() - t0)
@@ -1440,7 +1471,8 @@ def main(argv=None, *, sleep=time.sleep) -> dict:
         raise SystemExit(f"fineweb.py: error: {e}{kept_note(target, out_dir)}") from None
     except BrokenProcessPool:
         raise SystemExit(f"fineweb.py: error: a tokenizer worker died (killed by a signal, e.g. the out-of-memory "
-                         f"killer?){kept_note(target, out_dir)}, with fewer --workers if memory is short") from None
+                         f"killer?){kept_note(target, out_dir) or '; rerun'}, with fewer --workers if memory is "
+                         f"short") from None
     except OSError as e:  # a file that became unreadable mid-run, say: still one line
         where = f"{e.filename}: " if e.filename else ""
         raise SystemExit(f"fineweb.py: error: {where}{e.strerror or e}{kept_note(target, out_dir)}") from None

@@ -197,7 +197,8 @@ def test_batches_keep_order_and_whole_documents():
 
 
 def test_tokenize_batch_is_eot_then_ordinary_tokens(enc):
-    arrays = fineweb.tokenize_batch(DOCS)
+    arrays, crcs = fineweb.tokenize_batch(DOCS)
+    assert crcs == [zlib.crc32(doc.encode()) for doc in DOCS]  # what a continued run checks skipped documents with
     for doc, arr in zip(DOCS, arrays, strict=True):
         assert arr.dtype == np.uint16
         assert arr.tolist() == [EOT] + enc.encode_ordinary(doc)
@@ -206,8 +207,8 @@ def test_tokenize_batch_is_eot_then_ordinary_tokens(enc):
 
 def test_pool_and_no_pool_agree(enc):
     docs = DOCS * 40
-    serial = [a for b in fineweb.tokenize_documents(docs, enc, workers=1) for a in b]
-    pooled = [a for b in fineweb.tokenize_documents(docs, enc, workers=2) for a in b]
+    serial = [a for arrays, _ in fineweb.tokenize_documents(docs, enc, workers=1) for a in arrays]
+    pooled = [a for arrays, _ in fineweb.tokenize_documents(docs, enc, workers=2) for a in arrays]
     assert len(serial) == len(pooled) == len(docs)
     assert all(np.array_equal(a, b) for a, b in zip(serial, pooled, strict=True))
 
@@ -321,7 +322,10 @@ def test_failed_run_keeps_its_finished_shards_and_records_where_they_end(tmp_pat
     d, skip = record["documents"], record["skip_tokens"]
     finished = np.concatenate([np.load(tmp_path / s["file"]) for s in shards])
     assert np.array_equal(finished, np.concatenate([expected_stream(enc, every[:d]), expected_stream(enc, [every[d]])[:skip]]))
-    assert record["checksum"] == zlib.crc32("".join(every[:d]).encode())
+    checksum = 0  # of the documents before d: a CRC-32 of their CRC-32s
+    for doc in every[:d]:
+        checksum = zlib.crc32(zlib.crc32(doc.encode()).to_bytes(4, "little"), checksum)
+    assert record["checksum"] == checksum
     with pytest.raises(ValueError, match="holds an unfinished fineweb.py output"):
         run_files.find_shards(tmp_path)  # the trainer still refuses it
 
@@ -852,7 +856,21 @@ def test_a_stopped_run_continues_to_the_bytes_of_an_uninterrupted_one(tmp_path, 
         assert message == f"fineweb.py: interrupted (SIGINT){kept(n, out)}"
         if kind == "shard":
             assert n == where  # shard `where` is on disk but not in the record: the continued run writes it again
-    run_main(*many_args(corpus, out, "--workers", workers))
+    run_main(*many_args(corpus, out))  # --workers 1: the number of workers is not a setting that must match
+    assert_same_corpus(out, ref)
+
+
+def test_a_stopped_char_run_continues_to_the_same_bytes(tmp_path, monkeypatch, many):
+    corpus, _ = many
+    out, ref = tmp_path / "out", tmp_path / "ref"
+    with monkeypatch.context() as patch:
+        fail_after_shard(patch, 4)  # (the reader is also the char tokenizer's first pass, so stop the writer)
+        stopped(*many_args(corpus, out, "--tokenizer", "char"))
+    record = fineweb.read_progress(out)
+    assert len(record["shards"]) == 4 and record["skip_tokens"] > 0
+    assert record["settings"]["vocab"] == fineweb.corpus_characters(fineweb.iter_documents([corpus]))
+    run_main(*many_args(corpus, out, "--tokenizer", "char"))
+    run_main(*many_args(corpus, ref, "--tokenizer", "char"))
     assert_same_corpus(out, ref)
 
 
@@ -903,6 +921,7 @@ def stop_many(monkeypatch, corpus, out, document=1500):
     (["--shard_size", "7000"], "shard_size 10000 there, 7000 here"),
     (["--tokenizer", "char"], 'tokenizer "gpt2" there, "char" here'),
     (["--dataset_name", "fineweb-edu"], 'dataset "local" there, "fineweb-edu" here'),
+    (["--local", "{other}", "--prefix", "many"], "source.files"),  # the same documents in another file
     (["--text_field", "body"], None),  # the first document has no such field: refused before anything else
 ])
 def test_continuing_with_other_settings_is_refused(tmp_path, monkeypatch, many, change, difference):
@@ -910,10 +929,12 @@ def test_continuing_with_other_settings_is_refused(tmp_path, monkeypatch, many, 
     out = tmp_path / "out"
     stop_many(monkeypatch, corpus, out)
     before = files_of(out)
-    message = stopped(*many_args(corpus, out, *change))
+    other = tmp_path / "other.jsonl"
+    other.write_bytes(corpus.read_bytes())
+    message = stopped(*many_args(corpus, out, *(a.format(other=other) for a in change)))
     if difference:
-        assert message == (f"fineweb.py: error: {out} holds an unfinished run with other settings ({difference}); pass "
-                           f"--overwrite to start over, or use the same command to continue")
+        assert message.startswith(f"fineweb.py: error: {out} holds an unfinished run with other settings ({difference}")
+        assert message.endswith("; pass --overwrite to start over, or use the same command to continue")
     assert files_of(out) == before
 
 
@@ -1059,8 +1080,9 @@ def test_which_errors_are_worth_a_retry():
     for error in (ConnectionResetError(), TimeoutError(), OSError("read failed"), httpx.RemoteProtocolError("x"),
                   httpx.ReadTimeout("x"), http_error(503), http_error(429)):
         assert fineweb.is_transient(error), error
+    offline = ConnectionError("Couldn't reach 'HuggingFaceFW/fineweb-edu' on the Hub (OfflineModeIsEnabled)")
     for error in (FileNotFoundError(), PermissionError(), ValueError(), fineweb.CorpusError("x"), http_error(404),
-                  KeyError("text")):
+                  KeyError("text"), offline):
         assert not fineweb.is_transient(error), error
 
 
