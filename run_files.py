@@ -92,7 +92,7 @@ def find_shards(data_root: str | os.PathLike, tokenizer: str = "auto") -> tuple[
     if partial := sorted(p.name for p in root.iterdir() if p.name == FINEWEB_INCOMPLETE or p.name[0] == "."
                          and ".tmp" in p.name):  # fineweb.py's marker, or its temp files: it was killed mid-run
         raise ValueError(f"{root} has no manifest.json and holds an unfinished fineweb.py output ({partial[0]}); "
-                         f"finish it with `python fineweb.py ... --out_dir {root} --overwrite`")
+                         f"finish it by running the fineweb.py command that made it again (it continues where it stopped)")
     found = sorted((int(m["index"]), m["split"], m["prefix"], p) for p in root.iterdir() if (m := SHARD_NAME.fullmatch(p.name)))
     if len(prefixes := sorted({prefix for _, _, prefix, _ in found})) > 1:
         raise ValueError(f"{root} holds shards of {len(prefixes)} corpora (prefixes {', '.join(prefixes)}); "

@@ -168,12 +168,20 @@ CASES = [
     fineweb("--out_dir without write permission", "doc.txt", "--out_dir", "{d}/read_only",
             message="no permission to write in", not_as_root=True),
     fineweb("--out_dir on a full disk", "words.txt", "--workers", "1", "--no_progress", file_size_limit=4096,
-            message="(File too large); free some space or choose another --out_dir"),
+            message="(File too large); free some space; no shard was finished: rerun the same command to start again"),
     fineweb("abbreviated option", "doc.txt", "--out", "{out}", message="unrecognized arguments: --out"),
     Case("fineweb.py", "--tokenizer char without --local", ("--tokenizer", "char", "--out_dir", "{out}"),
          "--tokenizer char needs --local files"),
     fineweb("--tokenizer char on over 65,536 distinct characters", "many_chars.txt", "--tokenizer", "char",
             message="more than the 65,536 ids of a uint16 shard"),
+    fineweb("continuing an unfinished run with other settings", "half_bad.jsonl", "--out_dir", "{d}/stopped_run",
+            "--shard_size", "2000", message="holds an unfinished run with other settings (shard_size 1000 there, 2000 "
+            "here); pass --overwrite to start over, or use the same command to continue"),
+    fineweb("continuing after a finished shard changed", "half_bad.jsonl", "--out_dir", "{d}/damaged_run",
+            "--shard_size", "1000", message="changed after it was written (its sha256 is not the progress record's); "
+            "pass --overwrite to start over"),
+    fineweb("--out_dir in use by another fineweb.py", "doc.txt", "--out_dir", "{d}/busy",
+            message="is in use by another fineweb.py (pid"),
     # hellaswag.py
     hellaswag("--data file that does not exist", "missing.jsonl", "other_shape.pt", message="does not exist"),
     hellaswag("malformed jsonl", "malformed.jsonl", "other_shape.pt", message="malformed.jsonl:1:"),
@@ -255,6 +263,7 @@ def make_inputs(d: Path) -> Path:
     (d / "many_chars.txt").write_text(many_characters(70_000))
     (d / "other_corpus").mkdir()
     np.save(d / "other_corpus" / "other_val_000000.npy", tokens(10))
+    stopped_fineweb_runs(d)
 
     tiny = GPTConfig(block_size=32, vocab_size=64, n_layer=2, n_head=2, n_embd=32)  # TINY's shape
     weights = {"model": GPT(tiny).state_dict(), "model_config": dataclasses.asdict(tiny)}
@@ -281,6 +290,21 @@ def make_inputs(d: Path) -> Path:
     (d / "ok.jsonl").write_text(json.dumps({**EXAMPLE, "label": 0}) + "\n")
     (d / "label7.jsonl").write_text(json.dumps({**EXAMPLE, "label": 7}) + "\n")
     return d
+
+
+def stopped_fineweb_runs(d: Path) -> None:
+    """stopped_run/ and damaged_run/: what fineweb.py leaves when a bad line stops it after some finished shards
+    (its progress record among them); in damaged_run/ a finished shard then changed."""
+    import fineweb as fineweb_py  # (`fineweb` is the Case maker above)
+
+    docs = "".join(json.dumps({"text": f"A small document, number {i}."}) + "\n" for i in range(1100))
+    (d / "half_bad.jsonl").write_text(docs + '{"text": "cut off\n')  # after the first batch of documents
+    for name in ("stopped_run", "damaged_run"):
+        with pytest.raises(SystemExit, match="finished shards kept in"):
+            fineweb_py.main(["--local", str(d / "half_bad.jsonl"), "--out_dir", str(d / name), "--shard_size", "1000",
+                             "--workers", "1", "--no_progress"])
+    shard = d / "damaged_run" / "half_bad_train_000001.npy"
+    shard.write_bytes(shard.read_bytes()[:-1] + b"\xff")
 
 
 def command(case: Case, d: Path, out: Path) -> list[str]:
