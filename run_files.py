@@ -467,7 +467,7 @@ class Metrics:
 
     def report(self, step: int, **values: float):
         if self.enabled and "epoch" in values and int(values["epoch"]) > int(self.latest.get("epoch") or values["epoch"]):
-            self.echo(f"note: epoch {int(values['epoch'])} began in step {step}: the train split is being read again")
+            self.echo(f"note: epoch {int(values['epoch'])} begins after step {step}: the train split is read again")
         self.latest.update(values)
         if not self.enabled:
             return
@@ -508,7 +508,7 @@ class Metrics:
 def summary(log_dir: str, result: dict, signal_name: Optional[str]) -> str:
     """What a run ends with on stdout: where it stopped or finished, its final numbers, its files, what to run next."""
     log_dir, ckpt = Path(log_dir), result.get("checkpoint")
-    how = f"stopped by {signal_name} after step {result['step']}" if result["stopped"] else f"finished at step {result['step']}"
+    how = f"stopped by {signal_name} at step {result['step']}" if result["stopped"] else f"finished at step {result['step']}"
     numbers = " | ".join(SHOW[k].format(result[k]) for k in ("val", "bpb", "hella") if result.get(k) is not None)
     lines = [f"{how}{' | ' + numbers if numbers else ''}",
              f"checkpoint: {ckpt or 'none written (nothing new since the start)'}",

@@ -248,7 +248,7 @@ if len(train) != max_steps:
 if train and not (math.isfinite(train[-1]) and train[-1] < train[0]):
     problems.append(f"the last train loss {train[-1]} is not finite and below the first {train[0]}")
 stdout = (work / "train_stdout.txt").read_text()
-sampled = "sample: " in stdout
+sampled = "sample 0 at step" in stdout
 if not sampled:
     problems.append("no sample was printed")
 ckpt = work / "log" / f"model_{max_steps:05d}.pt"

@@ -71,7 +71,7 @@ def test_compiled_run_equals_eager_and_never_recompiles(data, tmp_path, monkeypa
     monkeypatch.undo()
     train_gpt2.train(train_gpt2.TrainConfig(**config(data, tmp_path / "eager", compile="false")), log=lambda *a: None)
 
-    assert any("compile True" in m for m in messages) and sum(m.startswith("sample:") for m in messages) == 4 * 3
+    assert any("compile True" in m for m in messages) and sum(m.startswith("sample ") for m in messages) == 4 * 3
     compiled, eager = measured(tmp_path / "compiled"), measured(tmp_path / "eager")
     assert {"train", "val", "hella"} <= set(compiled)
     assert_close_logs(compiled, eager)

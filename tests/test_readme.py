@@ -85,7 +85,7 @@ def test_readme_commands_run_at_tiny_settings(tmp_path):
         train = next(c for c in cmds if c == ["python", "train_gpt2.py", "--preset", preset])
         result = run([sys.executable] + train[1:] + ["--data_root", str(data), "--log_dir", str(logs[preset])] + quick)
         assert result.returncode == 0, result.stderr[-2000:]
-        assert "val loss" in result.stdout and "sample:" in result.stdout
+        assert "val loss" in result.stdout and "sample 0 at step 4:" in result.stdout
     ckpt = logs["shakespeare"] / "model_00004.pt"
     assert ckpt.is_file() and (logs["shakespeare_char"] / "model_00004.pt").is_file()
 

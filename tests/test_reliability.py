@@ -37,7 +37,7 @@ RUN = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=64, seq_len
            val_tokens=256, device="cpu", dtype="float32", compile="false", hellaswag_interval=0, sample_interval=0)
 TIMEOUT = 400  # seconds for any one process: generous, the machine may be shared
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
-TRAIN_LINE = re.compile(r"^step\s+(\d+) \| loss ", re.MULTILINE)
+TRAIN_LINE = re.compile(r"^step\s+(\d+)/\d+ \| loss ", re.MULTILINE)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -173,7 +173,7 @@ def assert_same_state(path: Path, expected_path: Path):
 
 
 def trained_steps(text: str) -> list[int]:
-    """The steps whose training line ('step N | loss ...') the output shows."""
+    """The steps whose training line ('step N/total | loss ...') the output shows."""
     return [int(m) for m in TRAIN_LINE.findall(text)]
 
 
@@ -308,8 +308,8 @@ def test_signal_checkpoints_the_current_step_and_exits_cleanly(sig, data, refere
     last = max(trained_steps(out))
     assert last in (s, s + 1), (s, last)  # at most the step in progress, nothing after it
     saved = log_dir / f"model_{last + 1:05d}.pt"
-    assert f"stop requested: saved {saved} after step {last}; resume with --resume auto" in out
-    assert "stopped cleanly" in out.splitlines()
+    assert f"stopped by {sig.name} at step {last + 1}" in out and f"checkpoint: {saved}" in out
+    assert f"continue: python train_gpt2.py {' '.join(map(str, flags(data, log_dir)))} --resume auto" in out
     assert checkpoints(log_dir)[-1] == saved.name and load(saved)["step"] == last + 1
     assert max(step for step, _ in read_log(log_dir / "log.txt")["train"]) == last
     assert seconds < 120, f"{seconds:.0f} s from the signal to the exit"  # a step and a save, on a busy machine

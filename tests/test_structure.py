@@ -189,13 +189,14 @@ def test_one_sink_feeds_stdout_log_and_wandb_and_a_new_metric_is_one_line(tmp_pa
     below, where its value is computed: it then shows on stdout, in log.txt, in wandb, in the returned
     metrics and in the plot."""
     recorder = Recorder()
-    monkeypatch.setattr(run_files, "start_wandb", lambda project, config: recorder)
+    monkeypatch.setattr(run_files, "start_wandb", lambda **wandb: recorder)
     original = train_gpt2.evaluate
 
     def evaluate(cfg, step, raw_model, *args):
-        original(cfg, step, raw_model, *args)
+        done = original(cfg, step, raw_model, *args)
         metrics = args[-2]
         metrics.report(step, weight_rms=raw_model.lm_head.weight.detach().pow(2).mean().sqrt().item())  # <- the one line
+        return done
 
     monkeypatch.setattr(train_gpt2, "evaluate", evaluate)
     messages = []
