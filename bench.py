@@ -160,7 +160,7 @@ def format_table(title: str, columns: list[tuple[str, str, str]], rows: list[dic
 
 
 def progress(message: str):
-    print(f"[bench] {message}", file=sys.stderr, flush=True)
+    print(f"[bench] {message}", flush=True)  # stdout: stderr holds errors only
 
 
 def model_config(args, shape: str) -> GPTConfig:
@@ -767,8 +767,7 @@ BENCHES = {"train": (bench_train, format_train), "generate": (bench_generate, fo
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                allow_abbrev=False)
+    p = run_files.Parser(prog="bench.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add = p.add_argument
     add("--preset", choices=sorted(PRESETS), default="cpu", help="sizes of every section; flags override them")
     add("--quick", action="store_true", help="the same as --preset quick: tiny sizes, seconds")

@@ -17,7 +17,6 @@ written complete under a temporary name and then renamed; an existing non-empty 
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import os
@@ -27,7 +26,7 @@ from pathlib import Path
 from typing import Optional
 
 from fineweb import CharTokenizer, tokenizer_from_manifest
-from run_files import load_checkpoint, write_error
+from run_files import Parser, load_checkpoint, write_error
 from train_gpt2 import HF_TRANSPOSED, GPTConfig
 
 EOT = "<|endoftext|>"
@@ -218,11 +217,16 @@ def export_hf(checkpoint_path: str | os.PathLike, out_dir: str | os.PathLike, wi
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="export_hf.py", allow_abbrev=False, description="Write a checkpoint and "
-                                     "its tokenizer as a Hugging Face GPT-2 directory.")
+    parser = Parser(prog="export_hf.py", description="Write a checkpoint and its tokenizer as a Hugging Face GPT-2 "
+                    "directory.")
     parser.add_argument("checkpoint", help="a model_*.pt written by training")
     parser.add_argument("out_dir", help="directory for the model and tokenizer files (must not exist, or be empty)")
     args = parser.parse_args(argv)
+    if not args.out_dir:
+        parser.error("OUT_DIR is an empty path")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a one-file "Writing model shards" bar: stderr keeps errors only
     try:
         out = export_hf(args.checkpoint, args.out_dir)
     except (ValueError, OSError) as e:

@@ -53,11 +53,6 @@ from typing import Iterable, Iterator, Optional
 
 import numpy as np
 
-try:
-    import fcntl
-except ImportError:  # Windows
-    fcntl = None
-
 HERE = Path(__file__).resolve().parent
 
 DEFAULT_DATASET = "HuggingFaceFW/fineweb-edu"
@@ -937,23 +932,20 @@ def check_out_dir(out_dir: str | os.PathLike, prefix: str) -> None:
 
 @contextlib.contextmanager
 def locked_out_dir(out_dir: str | os.PathLike):
-    """Create --out_dir and hold an exclusive lock on it (flock on the directory: no file is made, and the lock
-    dies with its process), so two runs never write the same corpus."""
+    """Create --out_dir and hold run_files' exclusive lock on it (out_dir/.lock: the lock dies with its process), so
+    two runs never write the same corpus; where the filesystem has no locks, say so and go on."""
     path = Path(out_dir)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise CorpusError(f"cannot create --out_dir {path} ({e.strerror})") from None
-    if fcntl is None:  # Windows: no flock
-        yield
-        return
-    fd = os.open(path, os.O_RDONLY)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise CorpusError(f"--out_dir {path} is in use by another fineweb.py ({_run_files().lock_holder(path)}); "
-                              f"wait for it to finish, or choose another --out_dir") from None
+        fd, note = _run_files().lock_directory(path, "--out_dir", "fineweb.py")
+    except ValueError as e:
+        raise CorpusError(str(e)) from None
+    if note:
+        print(f"warning: {note}")
+    try:
         yield
     finally:
         os.close(fd)
@@ -1316,11 +1308,10 @@ def available_cpus() -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _run_files().Parser(  # one-line errors, no abbreviations
         prog="fineweb.py",
         description="Tokenise a corpus with GPT-2 (or by character) into uint16 .npy shards (shard 000000 = val, "
                     "the rest = train).",
-        allow_abbrev=False,  # --out must not silently mean --out_dir
         epilog="\n\n".join(textwrap.fill(p, 100) for p in (
             f"Documents. {TXT_RULE} A .jsonl file holds one JSON object per line and a .parquet file a table; "
             f"the document is the --text_field value. A UTF-8 byte-order mark at the start of a file is not text. "

@@ -43,7 +43,7 @@ from typing import Callable, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from run_files import any_rank, check_device
+from run_files import Parser, any_rank, check_device, check_path
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_CACHE_DIR = HERE / "hellaswag_data"
@@ -126,11 +126,7 @@ def check_example(example) -> None:
 
 def read_jsonl(path: str | os.PathLike) -> list[dict]:
     """Validated examples of a HellaSwag jsonl file; ValueError with file:line for anything malformed."""
-    path = Path(path)
-    if path.is_dir():
-        raise ValueError(f"HellaSwag data file {path} is a directory, not a file")
-    if not path.is_file():
-        raise FileNotFoundError(f"HellaSwag data file {path} does not exist")
+    path = check_path(path, "HellaSwag data file", is_dir=False)
     examples = []
     try:
         with open(path, encoding="utf-8") as f:
@@ -460,8 +456,7 @@ def evaluate(
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description="HellaSwag accuracy (completion style) of a GPT-2 model.",
-                                allow_abbrev=False)
+    p = Parser(prog="hellaswag.py", description="HellaSwag accuracy (completion style) of a GPT-2 model.")
     p.add_argument("--model", default="gpt2", help="gpt2|gpt2-medium|gpt2-large|gpt2-xl, an HF directory, or our .pt")
     p.add_argument("--device", default="auto", help="auto|cpu|cuda|cuda:N|mps (auto: cuda, else mps, else cpu)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="bfloat16: run under autocast")

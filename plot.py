@@ -17,29 +17,30 @@ and train_gpt2.py running as a script must not be loaded a second time as a modu
 
 from __future__ import annotations
 
-import argparse
+import logging
 import math
 import os
 import sys
 from pathlib import Path
 
-from run_files import atomic_write, write_error
+from run_files import Parser, atomic_write, check_path, write_error
 
 GPT2_124M_VAL_LOSS = 3.2924  # OpenAI's GPT-2 124M on the FineWeb-Edu val split: the loss to beat
 HELLASWAG_BASELINES = {"GPT-2 124M": 0.2955, "GPT-3 124M": 0.337}  # acc_norm on the 10,042 val examples
 LOSSES = ("train", "val")  # drawn together on the first panel
 
 
-def read_log(path: str | os.PathLike) -> dict[str, list[tuple[int, float]]]:
+def read_log(path: str | os.PathLike, warn=lambda message: None) -> dict[str, list[tuple[int, float]]]:
     """Parse log.txt into {kind: [(step, value), ...]} sorted by step; the last value logged for a step wins
-    (a resumed run logs again the steps after its checkpoint)."""
+    (a resumed run logs again the steps after its checkpoint). A line that is not `step kind value` (cut short by
+    a full disk, edited by hand) is skipped, and warn() told where."""
     series: dict[str, dict[int, float]] = {}
     for lineno, line in enumerate(Path(path).read_text().splitlines(), start=1):
         try:
             step, kind, value = line.split()
             series.setdefault(kind, {})[int(step)] = float(value)
         except ValueError:
-            raise ValueError(f"{path}:{lineno}: expected '<step> <kind> <value>', got {line!r}") from None
+            warn(f"warning: {path}:{lineno}: skipped, not '<step> <kind> <value>': {line[:80]!r}")
     return {kind: sorted(values.items()) for kind, values in series.items()}
 
 
@@ -55,14 +56,20 @@ def run_dataset(log_dir: str | os.PathLike) -> str | None:
     return blocks[-1].get("data", {}).get("dataset") if blocks else None
 
 
-def curves_png(log_dir: str | os.PathLike) -> bytes:
-    """log_dir/log.txt drawn as PNG bytes: the losses, HellaSwag, and one panel per other kind."""
-    log_path = Path(log_dir) / "log.txt"
-    if not log_path.is_file():
-        raise FileNotFoundError(f"{log_path} does not exist; it is written by a training run with --log_dir {log_dir}")
-    series = read_log(log_path)
+def curves_png(log_dir: str | os.PathLike, warn=lambda message: None) -> bytes:
+    """log_dir/log.txt drawn as PNG bytes: the losses, HellaSwag, and one panel per other kind. Unreadable lines
+    are skipped, each named to warn()."""
+    log_path, skipped = Path(log_dir) / "log.txt", []
+    try:
+        check_path(log_path, "log", is_dir=False)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{log_path} does not exist; it is written by a training run with --log_dir {log_dir}") from None
+    series = read_log(log_path, skipped.append)
     if not series:
-        raise ValueError(f"{log_path} holds no metrics yet")
+        raise ValueError(f"{log_path} holds no metrics" + (f" ({len(skipped)} line(s) unreadable; the first: "
+                                                             f"{skipped[0].split(': ', 1)[1]})" if skipped else " yet"))
+    for message in skipped:
+        warn(message)
     # A bare Figure on the Agg canvas: no pyplot, so no global backend switch (a notebook's plots are untouched).
     import io
 
@@ -94,9 +101,9 @@ def curves_png(log_dir: str | os.PathLike) -> bytes:
     return buffer.getvalue()
 
 
-def write_curves(log_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> Path:
+def write_curves(log_dir: str | os.PathLike, out: str | os.PathLike | None = None, warn=lambda message: None) -> Path:
     """Draw log_dir/log.txt into `out` (default log_dir/curves.png), atomically: a viewer never sees half a PNG."""
-    png = curves_png(log_dir)
+    png = curves_png(log_dir, warn)
     out = Path(log_dir) / "curves.png" if out is None else Path(out)
     try:
         atomic_write(out, lambda f: f.write(png))
@@ -108,19 +115,19 @@ def write_curves(log_dir: str | os.PathLike, out: str | os.PathLike | None = Non
 def refresh(log_dir: str | os.PathLike):
     """Redraw log_dir/curves.png during training. A plot never stops a run: a problem is reported, not raised."""
     try:
-        write_curves(log_dir)
+        write_curves(log_dir, warn=lambda message: print(message, file=sys.stderr))
     except Exception as e:  # matplotlib missing, a full disk: say so, and train on
         print(f"warning: curves.png not updated ({type(e).__name__}: {e})", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None):
-    parser = argparse.ArgumentParser(prog="plot.py", description="Draw a run's log.txt as curves.png.",
-                                     allow_abbrev=False)
+    parser = Parser(prog="plot.py", description="Draw a run's log.txt as curves.png.")
     parser.add_argument("log_dir", help="the --log_dir of a training run (it holds log.txt)")
     parser.add_argument("--out", default=None, help="PNG path (default: LOG_DIR/curves.png)")
     args = parser.parse_args(argv)
+    logging.getLogger("matplotlib").setLevel(logging.ERROR)  # e.g. its font cache on a full disk: not plot's error
     try:
-        print(f"wrote {write_curves(args.log_dir, args.out)}")
+        print(f"wrote {write_curves(args.log_dir, args.out, warn=lambda message: print(message, file=sys.stderr))}")
     except (ValueError, OSError) as e:
         sys.exit(f"plot.py: error: {e}")
 

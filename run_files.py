@@ -83,7 +83,7 @@ def find_shards(data_root: str | os.PathLike, tokenizer: str = "auto") -> tuple[
                                 f"{e}; create it with `python fineweb.py` (or `{local}` for the built-in corpus)") from None
     if (root / "manifest.json").exists():
         try:
-            manifest = json.loads((root / "manifest.json").read_text())
+            manifest = json.loads(check_path(root / "manifest.json", "manifest", is_dir=False).read_text())
             manifest["sizes"] = {root / x["file"]: x["tokens"] for x in manifest["shards"]}
             return {s: [root / x["file"] for x in manifest["shards"] if x["split"] == s] for s in ("train", "val")}, \
                 manifest, None
@@ -107,9 +107,13 @@ def find_shards(data_root: str | os.PathLike, tokenizer: str = "auto") -> tuple[
 def open_shard(path: Path, tokens: Optional[int] = None) -> np.ndarray:
     """Memory-map one shard (pages are read on demand, never the whole shard); `tokens`: its size per the manifest."""
     try:
-        shard = np.load(path, mmap_mode="r", allow_pickle=False)
+        shard = np.load(check_path(path, "shard", is_dir=False), mmap_mode="r", allow_pickle=False)
     except FileNotFoundError:
         raise FileNotFoundError(f"{path} is missing (manifest.json lists it); re-run fineweb.py") from None
+    except ValueError as e:
+        if str(e).startswith("shard "):  # check_path's: a directory, a FIFO
+            raise
+        raise ValueError(f"{path} is not a readable .npy shard (ValueError: {e})") from None
     except Exception as e:
         raise ValueError(f"{path} is not a readable .npy shard ({type(e).__name__}: {e})") from None
     if shard.dtype != np.uint16 or shard.ndim != 1:
@@ -434,6 +438,9 @@ def atomic_write(path: Path, write):
 def write_header(log_dir: Path, info: dict, log):
     """Append this run's settings (info), the time, the command line and the versions to log_dir/header.txt: one
     JSON block per start or resume. First a torn last line of log.txt (an interrupted write) is dropped, said in log."""
+    for name in ("log.txt", "header.txt"):  # appending to a FIFO would wait forever for a reader
+        if (log_dir / name).exists() and not (log_dir / name).is_file():
+            raise ValueError(f"{log_dir / name} is not a regular file; move it away, or choose another --log_dir")
     if note := repair_log(log_dir / "log.txt"):
         log(note)
     gpu = torch.cuda.get_device_name() if str(info.get("device", "")).startswith("cuda") else None
@@ -600,33 +607,42 @@ class LogDirLock:
         if not self.master or self.fd is not None or not (create or self.path.is_dir()):
             return ""
         self.path.mkdir(parents=True, exist_ok=True)
-        lock_file = self.path / LOCK_FILE
-        try:
-            self.fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
-        except OSError as e:
-            raise ValueError(f"--log_dir {self.path}: cannot open {lock_file} for writing ({e.strerror}); a run "
-                             "must be able to write in its --log_dir") from None
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self.release()
-            raise ValueError(f"--log_dir {self.path} is in use by another run ({lock_holder(lock_file)}); wait for "
-                             "it, or choose another --log_dir") from None
-        except OSError as e:
-            if e.errno not in NO_LOCKS:
-                self.release()
-                raise
-            # Unlocked, another run may be saving here: its temp files are left alone (stale ones only cost disk).
-            return (f"--log_dir {self.path} is not locked: its filesystem has no file locks (flock: "
-                    f"{errno.errorcode.get(e.errno, e.errno)}, {e.strerror}); make sure no other run uses this directory")
-        for stale in self.path.glob(".model_*.pt.tmp*"):  # left by a run killed while saving
-            stale.unlink(missing_ok=True)
-        return ""
+        self.fd, note = lock_directory(self.path, "--log_dir", "run")
+        if not note:  # unlocked, another run may be saving here: its temp files are left alone (they only cost disk)
+            for stale in self.path.glob(".model_*.pt.tmp*"):  # left by a run killed while saving
+                stale.unlink(missing_ok=True)
+        return note
 
     def release(self):
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+
+
+def lock_directory(directory: Path, flag: str, user: str) -> tuple[int, str]:
+    """An exclusive flock on directory/.lock, opened for writing (NFS emulates flock with byte-range locks, which need
+    that; the file stays, empty). The kernel drops it with its process, so a killed program leaves no lock. Returns
+    (fd, '') when taken, (fd, a note) where the filesystem has no locks and the caller goes on unlocked; raises a
+    one-line ValueError naming the holder (another `user`) when it is taken."""
+    lock_file = directory / LOCK_FILE
+    try:
+        fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    except OSError as e:
+        raise ValueError(f"{flag} {directory}: cannot open {lock_file} for writing ({e.strerror}); a {user} must be "
+                         f"able to write in its {flag}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ValueError(f"{flag} {directory} is in use by another {user} ({lock_holder(lock_file)}); wait for it, "
+                         f"or choose another {flag}") from None
+    except OSError as e:
+        if e.errno not in NO_LOCKS:
+            os.close(fd)
+            raise
+        return fd, (f"{flag} {directory} is not locked: its filesystem has no file locks (flock: "
+                    f"{errno.errorcode.get(e.errno, e.errno)}, {e.strerror}); make sure no other {user} uses this directory")
+    return fd, ""
 
 
 def lock_holder(path: Path) -> str:

@@ -9,7 +9,6 @@ Text from a GPT-2: OpenAI's weights (hub name), a Hugging Face directory, or one
 does the work, the same function that prints samples during training.
 """
 
-import argparse
 import sys
 
 import run_files
@@ -17,7 +16,7 @@ import train_gpt2
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="sample.py", description="Print samples from a model.", allow_abbrev=False)
+    parser = run_files.Parser(prog="sample.py", description="Print samples from a model.")
     parser.add_argument("--init_from", default="gpt2", help="gpt2 | gpt2-medium | ... | HF_DIR | CHECKPOINT.pt")
     parser.add_argument("--prompt", default="Hello, I'm a language model,")
     parser.add_argument("--num_samples", type=int, default=5)
@@ -34,6 +33,10 @@ def main(argv=None):
             parser.error(f"--{name} must be positive, got {getattr(args, name)}")
     if args.top_k < 0 or args.temperature < 0:
         parser.error(f"--top_k and --temperature must be >= 0, got {args.top_k} and {args.temperature}")
+    if not 0 <= args.seed < 2**63:  # torch's generators take 64-bit seeds
+        parser.error(f"--seed must be in 0 .. 2**63 - 1, got {args.seed}")
+    if not args.init_from:
+        parser.error("--init_from is an empty path")
     try:
         device = run_files.check_device(args.device)
         model, enc = train_gpt2.load_model(args.init_from, device)  # a checkpoint knows its tokenizer
@@ -48,6 +51,8 @@ def main(argv=None):
                                         args.temperature, args.seed, device)
     except (ValueError, OSError) as e:
         sys.exit(f"sample.py: error: {' '.join(str(e).split())}")
+    except KeyboardInterrupt:
+        sys.exit("sample.py: interrupted")
     for i, text in enumerate(texts):
         print(f"sample {i}: {text}")
 

@@ -347,10 +347,10 @@ class GPT(nn.Module):
             logits = self.lm_head(h[:, -1, :]).float()  # (B, vocab): only the last position is sampled from
             if vocab_limit is not None:
                 logits[:, vocab_limit:] = float("-inf")
-            if temperature == 0:
+            if temperature < torch.finfo(logits.dtype).tiny:  # 0, or so near that dividing by it would overflow: greedy
                 next_id = logits.argmax(dim=-1, keepdim=True)
-            else:
-                logits = logits / temperature
+            else:  # shifted first: the largest logit is 0, so a temperature near 0 makes -inf, never inf - inf
+                logits = (logits - logits.max(dim=-1, keepdim=True).values) / temperature
                 if top_k is not None:
                     kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
                     logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -124,6 +124,28 @@ CASES = [
     train("--log_dir in use by another run", "--log_dir", "{d}/busy", message="is in use by another run (pid"),
     train("a full disk while checkpointing", file_size_limit=20_000,
           message="(File too large); earlier checkpoints are intact: free some space, then rerun with --resume auto"),
+    train("a full disk while writing log.txt", "--log_dir", "{d}/full_log", file_size_limit=20_000,
+          message="full_log/log.txt (File too large); the checkpoints are intact: free some space, then rerun"),
+    # train_gpt2.py: resuming on other data or with other settings; the data's tokenizer
+    train("--resume a checkpoint of other data", "--resume", "{d}/other_data.pt",
+          message="was trained on other data than {d}/data holds"),
+    train("--resume with another --batch_size", "--resume", "{d}/other_batch.pt",
+          message="was trained with --batch_size 4, this run asks 2: resume with --batch_size 4"),
+    train("a character preset on GPT-2 data", "--preset", "shakespeare_char",
+          message="--tokenizer char: the data in {d}/data is in gpt2 tokens"),
+    train("the character preset without its data", "--preset", "shakespeare_char", "--data_root", "{d}/missing",
+          message="--out_dir {d}/missing --tokenizer char`"),
+    # train_gpt2.py: files that are not regular files, empty paths, numbers out of range
+    train("--resume a FIFO", "--resume", "{d}/fifo.pt", message="checkpoint {d}/fifo.pt is not a regular file"),
+    train("--hellaswag_data that is a FIFO", "--hellaswag_interval", "1", "--hellaswag_data", "{d}/fifo.jsonl",
+          message="--hellaswag_data {d}/fifo.jsonl is not a regular file"),
+    train("a shard that is a FIFO", "--data_root", "{d}/fifo_data", message="fifo_data/x_train_000001.npy is not a regular file"),
+    train("log.txt that is a FIFO", "--log_dir", "{d}/fifo_log", message="fifo_log/log.txt is not a regular file"),
+    train("an empty --log_dir", "--log_dir", "", message="--log_dir is an empty path"),
+    train("an empty --data_root", "--data_root", "", message="--data_root is an empty path"),
+    train("--seed out of range", "--seed", "18446744073709551616", message="--seed must be below 2**63"),
+    train("malformed --hellaswag_data", "--hellaswag_interval", "1", "--hellaswag_data", "{d}/malformed.jsonl",
+          message="malformed.jsonl:1: Expecting"),
     # sample.py, export_hf.py, plot.py
     Case("sample.py", "--init_from a checkpoint that does not exist", ("--init_from", "{d}/missing.pt", "--device", "cpu"),
          "does not exist"),
@@ -133,6 +155,9 @@ CASES = [
          "the model's vocabulary (64 ids) is smaller than the gpt2 tokenizer's (50257)"),
     Case("sample.py", "an abbreviated option", ("--init_from", "{d}/other_shape.pt", "--temp", "0.5"),
          "unrecognized arguments: --temp 0.5"),
+    Case("sample.py", "--init_from an empty path", ("--init_from", ""), "--init_from is an empty path"),
+    Case("sample.py", "--seed out of range", ("--init_from", "{d}/other_shape.pt", "--seed", "-1"),
+         "--seed must be in 0 .. 2**63 - 1"),
     Case("export_hf.py", "a checkpoint that does not exist", ("{d}/missing.pt", "{out}"), "does not exist"),
     Case("export_hf.py", "an OUT_DIR that holds files", ("{d}/other_shape.pt", "{d}/texts_full"),
          "already exists and is not an empty directory"),
@@ -141,8 +166,10 @@ CASES = [
          "the model has 64 token rows, fewer than the 50257 ids of the gpt2 tokenizer"),
     Case("export_hf.py", "a checkpoint that names an unknown tokenizer", ("{d}/odd_tokenizer.pt", "{out}"),
          "manifest tokenizer 'sentencepiece': expected 'gpt2', or 'char'"),
+    Case("export_hf.py", "an empty OUT_DIR", ("{d}/other_shape.pt", ""), "OUT_DIR is an empty path"),
     Case("plot.py", "a directory without log.txt", ("{d}/empty",), "log.txt does not exist"),
-    Case("plot.py", "a malformed log.txt", ("{d}/bad_log",), "log.txt:1"),
+    Case("plot.py", "a log.txt with no readable line", ("{d}/bad_log",), "log.txt holds no metrics (1 line(s) unreadable"),
+    Case("plot.py", "a log.txt that is a FIFO", ("{d}/fifo_log",), "fifo_log/log.txt is not a regular file"),
     Case("plot.py", "a full disk", ("{d}/good_log", "--out", "{out}.png"), "plot.py: error:", file_size_limit=2_000),
     # fineweb.py
     fineweb("--local file that does not exist", "missing.txt", message="no such file"),
@@ -194,6 +221,7 @@ CASES = [
     hellaswag("--data that is a directory", "texts", "other_shape.pt", message="texts is a directory, not a file"),
     hellaswag("--model trained on another tokenizer", "ok.jsonl", "char_model.pt", "--device", "cpu",
               message="was trained with the char tokenizer; HellaSwag needs GPT-2's"),
+    hellaswag("--data that is a FIFO", "fifo.jsonl", "other_shape.pt", message="fifo.jsonl is not a regular file"),
     # bench.py
     Case("bench.py", "--only an unknown section", ("--only", "bogus"), "unknown sections ['bogus']"),
     Case("bench.py", "non-positive --batch_size", ("--batch_size", "0"), "expected positive integers"),
@@ -287,6 +315,19 @@ def make_inputs(d: Path) -> Path:
     (d / "good_log").mkdir()
     (d / "good_log" / "log.txt").write_text("".join(f"{i} train {10 - i}\n" for i in range(10)))
 
+    torch.save({**weights, "optimizer": {}, "train_loader": {}, "rng": {}, "step": 1,
+                "data": {"fingerprint": "0123456789abcdef" * 4}}, d / "other_data.pt")
+    torch.save({**weights, "optimizer": {}, "train_loader": {}, "rng": {}, "step": 1,
+                "train_config": {"batch_size": 4}}, d / "other_batch.pt")
+    (d / "full_log").mkdir()  # log.txt 50 bytes short of the disk's end: the first evaluation's line does not fit
+    (d / "full_log" / "log.txt").write_text("0 x 0.5\n" * ((20_000 - 50) // 8))
+    for fifo in ("fifo.pt", "fifo.jsonl"):
+        os.mkfifo(d / fifo)
+    shards("fifo_data", tokens(4096))
+    (d / "fifo_data" / "x_train_000001.npy").unlink()
+    os.mkfifo(d / "fifo_data" / "x_train_000001.npy")
+    (d / "fifo_log").mkdir()
+    os.mkfifo(d / "fifo_log" / "log.txt")
     (d / "ok.jsonl").write_text(json.dumps({**EXAMPLE, "label": 0}) + "\n")
     (d / "label7.jsonl").write_text(json.dumps({**EXAMPLE, "label": 7}) + "\n")
     return d
@@ -329,7 +370,7 @@ def skip_reason(case: Case) -> str:
 
 @pytest.fixture(scope="module")
 def outcomes(request, tmp_path_factory) -> dict:
-    """{case: future of its finished process}: the selected cases, started two at a time."""
+    """(the inputs' directory, {case: future of its finished process}): the selected cases, started two at a time."""
     d = make_inputs(tmp_path_factory.mktemp("bad_inputs"))
     busy = os.open(d / "busy" / ".lock", os.O_RDWR | os.O_CREAT)
     fcntl.flock(busy, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held for the whole module: that case's log_dir is in use
@@ -338,7 +379,7 @@ def outcomes(request, tmp_path_factory) -> dict:
     pool = ThreadPoolExecutor(max_workers=2)
     futures = {case: pool.submit(run_case, case, d, d / "out" / f"case{i}")
                for i, case in enumerate(selected) if not skip_reason(case)}
-    yield futures
+    yield d, futures
     pool.shutdown(cancel_futures=True)
     os.close(busy)
 
@@ -347,12 +388,13 @@ def outcomes(request, tmp_path_factory) -> dict:
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.id, marks=pytest.mark.skip(reason=skip_reason(c)) if skip_reason(c)
                                                else ()) for c in CASES])
 def test_bad_input_is_rejected_clearly(case, outcomes):
-    proc = outcomes[case].result()
+    d, futures = outcomes
+    proc = futures[case].result()
     err = proc.stderr.strip()
     assert proc.returncode != 0, f"accepted (exit 0):\n{proc.stdout[-2000:]}\n{err[-2000:]}"
     assert "Traceback" not in err, err[-3000:]
-    last = err.splitlines()[-1] if err else ""
-    assert "error" in last and case.message in last, f"last line of stderr: {last!r}"
+    assert len(err.splitlines()) == 1, f"not one line on stderr:\n{err[-3000:]}"  # no usage block, no warning first
+    assert "error" in err and case.message.format(d=d) in err, f"stderr: {err!r}"
 
 
 def first_table(text: str) -> list[list[str]]:
