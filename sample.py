@@ -9,7 +9,11 @@ Text from a GPT-2: OpenAI's weights (hub name), a Hugging Face directory, or one
 does the work, the same function that prints samples during training.
 """
 
+import signal
 import sys
+
+if __name__ == "__main__":  # Ctrl-C at any moment, torch's import included: one line, no traceback
+    signal.signal(signal.SIGINT, lambda signum, frame: sys.exit("sample.py: interrupted"))
 
 import run_files
 import train_gpt2
@@ -51,8 +55,6 @@ def main(argv=None):
                                         args.temperature, args.seed, device)
     except (ValueError, OSError) as e:
         sys.exit(f"sample.py: error: {' '.join(str(e).split())}")
-    except KeyboardInterrupt:
-        sys.exit("sample.py: interrupted")
     for i, text in enumerate(texts):
         print(f"sample {i}: {text}")
 

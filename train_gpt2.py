@@ -20,11 +20,17 @@ import inspect
 import math
 import os
 import re
+import signal
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
+
+if __name__ == "__main__":  # a stop request while torch loads (before train() takes over): a clean exit, no traceback
+    for _signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(_signum, lambda signum, frame: sys.exit(print(f"{signal.Signals(signum).name}: stopped before "
+                                                                    "training started; nothing was written")))
 
 import numpy as np
 import torch
@@ -838,8 +844,6 @@ def main(argv: Optional[list[str]] = None):
         if os.environ.get("GPT2_DEBUG"):
             raise
         sys.exit(f"error: {e}")
-    except KeyboardInterrupt:  # Ctrl-C before train() set its own handlers
-        sys.exit("interrupted before training started; nothing was written")
 
 if __name__ == "__main__":
     main()

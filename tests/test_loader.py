@@ -328,6 +328,25 @@ def test_val_loss_all_reduces_sums_and_counts(tiny_gpt, val_shards, monkeypatch,
     assert total != pytest.approx(np.mean([s.item() / c.item() for s, c in zip(sums, counts)]), rel=1e-9)
 
 
+@pytest.mark.parametrize("W", [1, 2, 3])
+def test_val_loss_asks_to_stop_as_often_on_every_rank_and_stops(tiny_gpt, val_shards, monkeypatch, W):
+    """should_stop() may be a collective (every rank must call it as often), asked before each batch: 7 windows over
+    W ranks in batches of 2 is 4, 2 and 2 batches' worth, so every rank asks 4, 2, 2 times; True ends it with None."""
+    import train_gpt2
+
+    shards, _ = val_shards
+    monkeypatch.setattr(train_gpt2.dist, "all_reduce", lambda t: None)
+    asked = []
+    for r in range(W):
+        calls = []
+        evaluate_val_loss(tiny_gpt, shards, VAL_SEQS * VAL_T, 2, VAL_T, "float32", rank=r, world_size=W,
+                          should_stop=lambda: calls.append(1) is None and False)
+        asked.append(len(calls))
+    assert asked == [{1: 4, 2: 2, 3: 2}[W]] * W
+    assert evaluate_val_loss(tiny_gpt, shards, VAL_SEQS * VAL_T, 2, VAL_T, "float32", should_stop=lambda: True) is None
+    assert tiny_gpt.training
+
+
 @pytest.mark.parametrize("val_tokens", [0, VAL_T * 3 + 1, VAL_T * 12])  # zero; not a multiple of T; 12 > 11 windows
 def test_val_tokens_must_be_a_positive_multiple_that_fits(tiny_gpt, val_shards, val_tokens):
     shards, _ = val_shards

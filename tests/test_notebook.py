@@ -108,6 +108,7 @@ def test_notebook_runs_on_a_local_model(tmp_path):
     torch.manual_seed(0)
     GPT2LMHeadModel(GPT2Config(n_positions=1024, n_embd=320, n_layer=2, n_head=4)).save_pretrained(tmp_path / "model")
     log_dir = write_log(tmp_path / "run")
+    (log_dir / "header.txt").write_text('{"data": {"dataset": "fineweb-edu"}}\n')  # GPT-2's reference applies
     show_python = "import sys\nprint('kernel python:', sys.executable)"
     [run] = execute([(tmp_path / "model", log_dir)], show_python)
     text = run.text
@@ -183,6 +184,9 @@ def test_notebook_runs_on_character_level_checkpoints(tmp_path):
         assert "2 layers, 2 heads, width 48, context 16, vocabulary 77" in run.text
         check_model_cells(run.text)
         assert run.text.count("> Hello, I'm a la") == 10 and run.images == 4  # 15 characters of prompt fit
+        after = run.text.split("300 characters from our loop (")[1].split("):\n", 1)[1]
+        sample = after[: after.index((ROOT / "input.txt").read_text(encoding="utf-8")[:100])]  # the next cell's print
+        assert len(sample) >= 300 and set(sample) <= set(CHARS)  # a few hundred characters of its vocabulary
 
     assert f"loaded {checkpoints[-1]}" in unknown.text
     assert "no tokenizer for a vocabulary of 77 (gpt2 has 50,257 tokens)" in unknown.text

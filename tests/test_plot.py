@@ -110,3 +110,19 @@ def test_plot_cli_missing_log_is_one_line_error(tmp_path):
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().count("\n") == 0 and result.stderr.startswith("plot.py: error: ")
     assert "log.txt does not exist" in result.stderr
+
+
+def test_unreadable_lines_are_skipped_with_a_warning_and_the_rest_drawn(tmp_path):
+    """A torn last line (a full disk, a kill) or a line edited by hand: plot.py names each (file and line) in a
+    warning and still draws every readable value."""
+    log = write_log(tmp_path)
+    with open(log / "log.txt", "a") as f:
+        f.write("11 train\nnot a metric line at all\n12 train 7.5")
+    result = run_script("plot.py", log)
+    assert result.returncode == 0, result.stderr
+    warnings = result.stderr.strip().splitlines()
+    n = len((log / "log.txt").read_text().splitlines())
+    assert [w.split(": skipped")[0] for w in warnings] == [f"warning: {log / 'log.txt'}:{n - 2}",
+                                                           f"warning: {log / 'log.txt'}:{n - 1}"]
+    assert plot.read_log(log / "log.txt")["train"][-1] == (12, 7.5)  # the line after them still counts
+    read_png(log / "curves.png")

@@ -287,9 +287,9 @@ def test_resume_auto_skips_a_torn_newest_checkpoint_and_a_temp_file(data, refere
 # SIGTERM / SIGINT: a clean stop
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=["SIGTERM", "SIGINT", "SIGHUP"])
 def test_signal_checkpoints_the_current_step_and_exits_cleanly(sig, data, reference, runs, tmp_path):
-    """SIGTERM (a scheduler's pre-emption) or SIGINT (Ctrl-C) mid-run: the step in progress finishes, a
+    """SIGTERM (a scheduler's pre-emption), SIGINT (Ctrl-C) or SIGHUP (a closed terminal) mid-run: the step in progress finishes, a
     checkpoint of it is written, the process says so and exits 0; no further step is trained. The run is
     frozen with SIGSTOP while the signal is sent, so the test knows which step it was in: the last one
     printed (s) or the next (s + 1). --resume auto then ends bit-identical to the uninterrupted run."""
@@ -319,6 +319,45 @@ def test_signal_checkpoints_the_current_step_and_exits_cleanly(sig, data, refere
     assert f"resumed from {saved} at step {last + 1}" in resumed.output()
     assert_same_state(log_dir / f"model_{STEPS:05d}.pt", reference.final())
     assert measured(log_dir) == reference.log()
+
+
+@pytest.mark.parametrize("program", ["train_gpt2.py", "sample.py"])
+def test_a_signal_while_starting_is_one_line_without_a_traceback(program, data, runs, tmp_path):
+    """Ctrl-C (or SIGTERM, SIGHUP) while the program still imports torch: the trainer ends with status 0 saying that
+    nothing was written, sample.py with one line; neither prints a traceback."""
+    args = flags(data, tmp_path / "log") if program == "train_gpt2.py" else ["--init_from", tmp_path / "none.pt"]
+    run = runs.start([sys.executable, "-X", "importtime", program, *map(str, args)])
+    run.wait_for(lambda: "| torch" in run.output() or "torch._C" in run.output(), "torch's import")  # mid-import
+    os.kill(run.pid, signal.SIGINT)
+    status, out = run.finish(), run.output()
+    lines = [line for line in out.splitlines() if not line.startswith("import time:")]
+    assert "Traceback" not in out and (status, lines) == ((0, ["SIGINT: stopped before training started; nothing was "
+                                                               "written"]) if program == "train_gpt2.py" else
+                                                          (1, ["sample.py: interrupted"])), out[-3000:]
+    assert not (tmp_path / "log").exists()
+
+
+@pytest.mark.slow
+def test_torchrun_sigterm_saves_on_every_rank_then_resumes_identical(data, reference_ddp, runs, tmp_path):
+    """SIGTERM to torchrun (a scheduler ending the job): torchrun sends it to both workers, which finish their step,
+    write a checkpoint of it and exit 0; then torchrun itself re-raises the signal (its own SignalException
+    traceback, not the trainer's). The same command with --resume auto ends as the uninterrupted run."""
+    log_dir = tmp_path / "log"
+    cmd = [*TORCHRUN, "--standalone", "train_gpt2.py", *flags(data, log_dir)]
+    run = runs.start(cmd)
+    run.wait_for(lambda: max(trained_steps(run.output()), default=-1) >= 7, "step 7")
+    os.kill(run.pid, signal.SIGTERM)
+    run.finish()
+    out = run.output()
+    stopped = re.search(r"stopped by SIGTERM at step (\d+)", out)
+    assert stopped, out[-4000:]
+    assert checkpoints(log_dir)[-1] == f"model_{int(stopped[1]):05d}.pt"
+    tracebacks = out.count("Traceback")
+    assert tracebacks == out.count("torch.distributed.elastic.multiprocessing.api.SignalException") <= 1, out[-6000:]
+    resumed = runs.start([*TORCHRUN, "--standalone", "train_gpt2.py", *flags(data, log_dir), "--resume", "auto"])
+    assert resumed.finish() == 0, resumed.output()[-4000:]
+    assert_same_state(log_dir / f"model_{STEPS:05d}.pt", reference_ddp.final())
+    assert measured(log_dir) == reference_ddp.log()
 
 
 # ----------------------------------------------------------------------------------------------------------
