@@ -1,7 +1,9 @@
 """
-The plumbing of a training run, which an experiment never edits: the corpus on disk (shard names, manifest
-checks), checkpoint files and their lineages, the spike guard, atomic writes, the run header, the log_dir lock,
-stop signals, strict command lines, devices, process-group start-up and the machine (CPU tuning, GPU peak FLOP/s).
+The plumbing of a training run, which an experiment never edits: the corpus on disk (shard names, manifest checks,
+fingerprints), checkpoint files and their lineages (what a resume may change), the chunked loss (the same loss as
+F.cross_entropy, computed with less memory), the spike guard, atomic writes, the run header and the metrics sink
+(stdout, log.txt, wandb), the log_dir lock, stop signals, strict command lines, devices, process-group start-up
+and the machine (CPU tuning, GPU peak FLOP/s).
 
 train_gpt2.py imports this module and hands it plain data (state dicts, configs as dicts); this module never
 imports train_gpt2, so the two cannot form a cycle. Importing it does nothing but define things.

@@ -29,8 +29,7 @@ from typing import Optional
 
 if __name__ == "__main__":  # a stop request while torch loads (before train() takes over): a clean exit, no traceback
     for _signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(_signum, lambda signum, frame: sys.exit(print(f"{signal.Signals(signum).name}: stopped before "
-                                                                    "training started; nothing was written")))
+        signal.signal(_signum, lambda s, f: sys.exit(print(f"{signal.Signals(s).name}: stopped before training started")))
 
 import numpy as np
 import torch
@@ -159,15 +158,16 @@ PRESETS = {
     # GPT-2's tokens of input.txt (`python fineweb.py --local input.txt --out_dir data/shakespeare`): a smoke run of
     # the BPE path, a few CPU minutes. The unpadded vocabulary (no GPU to align it for) and the chunked loss (on a
     # CPU the 50k-wide head is most of a step).
-    "shakespeare": dict(data_root="data/shakespeare", log_dir="log/shakespeare", n_layer=4, n_head=4, n_embd=128,
-                        block_size=128, vocab_size=50257, tokenizer="gpt2", chunked_loss=True, batch_size=16, seq_len=128,
+    "shakespeare": dict(data_root="data/shakespeare", log_dir="log/shakespeare", tokenizer="gpt2", n_layer=4, n_head=4,
+                        n_embd=128, block_size=128, vocab_size=50257, chunked_loss=True, batch_size=16, seq_len=128,
                         total_batch_size=2048, max_steps=100, warmup_steps=10, max_lr=3e-3, eval_interval=25,
                         val_tokens=8192, hellaswag_interval=0, sample_interval=50, sample_prompt="KING.\n",
                         ckpt_interval=100),
     # Characters of input.txt (`python fineweb.py --local input.txt --tokenizer char --out_dir data/shakespeare_char`),
     # nanoGPT's laptop model: val loss below 1.9 in about three CPU minutes, and samples that read like the plays.
-    "shakespeare_char": dict(data_root="data/shakespeare_char", log_dir="log/shakespeare_char", tokenizer="char", n_layer=4, n_head=4,
-                             n_embd=128, block_size=64, vocab_size=0, batch_size=12, seq_len=64, total_batch_size=768,
+    "shakespeare_char": dict(data_root="data/shakespeare_char", log_dir="log/shakespeare_char", tokenizer="char",
+                             n_layer=4, n_head=4, n_embd=128, block_size=64, vocab_size=0, batch_size=12, seq_len=64,
+                             total_batch_size=768,
                              max_steps=2000, warmup_steps=100, max_lr=2e-3, beta2=0.99, shuffle=True, eval_interval=250,
                              val_tokens=16384, hellaswag_interval=0, sample_interval=2000, sample_prompt="\n",
                              sample_length=300, ckpt_interval=2000),
@@ -585,8 +585,7 @@ def evaluate(cfg: TrainConfig, step: int, raw_model: GPT, enc, val_shards: list[
              hellaswag_examples: list, dtype: str, rank: int, world_size: int, device: str, metrics: run_files.Metrics,
              should_stop) -> bool:
     """The evaluations due at `step`, on the plain model (the compiled one would recompile for every new shape): val
-    loss and its bits per byte, HellaSwag (each rank scoring a share), then samples (rank 0). False when a stop
-    request cut them short (should_stop() gives the same answer on every rank)."""
+    loss and bits per byte, HellaSwag (each rank scoring a share), samples (rank 0). False if should_stop() cut them."""
     if is_due(step, cfg.eval_interval, cfg.max_steps):
         loss = evaluate_val_loss(raw_model, val_shards, cfg.val_tokens, cfg.batch_size, cfg.seq_len, dtype, rank,
                                  world_size, device, should_stop)
@@ -647,10 +646,9 @@ def build_model(cfg: TrainConfig, enc, known_tokenizer: bool) -> GPT:
 
 def resume(cfg: TrainConfig, raw_model: GPT, optimizers: list, train_loader: DataLoaderLite,
            guard: run_files.SpikeGuard, data: dict, rank: int, world_size: int, log) -> dict:
-    """Load --resume's checkpoint (auto: the usable one written last in log_dir, if any; rank 0 chooses for every
-    rank) into the model, optimizers, loader, spike guard and RNG, and choose the run's lineage. The optimizers keep
-    their state but take this run's hyper-parameters: what runs is what the flags say. Returns where the run starts:
-    its step, whether that step's evaluations are logged already (a finished run's checkpoint), val loss, lineage."""
+    """Load --resume's checkpoint (auto: the one rank 0 finds written last in log_dir) into the model, optimizers (their
+    state; their hyper-parameters stay this run's), loader, spike guard and RNG; choose the lineage. Returns where the
+    run starts: step, whether that step's evaluations are logged (a finished run's checkpoint), val loss, lineage."""
     path, ckpt = run_files.find_resume_checkpoint(cfg.resume, Path(cfg.log_dir), rank, world_size, log)
     start = {"step": 0, "evals_done": False, "val_loss": None, "path": path}
     if ckpt is not None:

@@ -25,7 +25,8 @@ def test_quick_run_prints_tables_and_writes_json(tmp_path):
     proc = launcher.run([sys.executable, "bench.py", "--quick", "--json", str(out)], cwd=ROOT, env=child_env(), timeout=540)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     text = proc.stdout
-    header = text.splitlines()[0]
+    assert not proc.stderr.strip()  # progress goes to stdout too: stderr is for errors
+    header = next(line for line in text.splitlines() if not line.startswith("[bench] "))
     assert header.startswith("bench.py --preset quick | cpu") and "| torch " in header and " UTC" in header
     for title in ("train step", "generation", "HellaSwag scoring", "DataLoaderLite", "fineweb.py tokenizing"):
         assert title in text, title

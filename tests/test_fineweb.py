@@ -82,7 +82,12 @@ def stopped(*args, **kw) -> str:
 
 def files_of(directory) -> dict:
     """{name: bytes} of the files in a directory (its subdirectories: name -> None)."""
-    return {p.name: None if p.is_dir() else p.read_bytes() for p in sorted(Path(directory).iterdir())}
+    return {p.name: None if p.is_dir() else p.read_bytes() for p in sorted(Path(directory).iterdir())
+            if p.name != ".lock"}  # the lock file every run takes (run_files.lock_directory)
+
+
+def listing(directory) -> list[str]:
+    return sorted(files_of(directory))
 
 
 def assert_same_corpus(out, ref):
@@ -573,7 +578,7 @@ def test_cli_refuses_to_mix_corpora_and_overwrite_replaces(tmp_path, enc):
     out = tmp_path / "out"
     fineweb.main(["--local", str(a), "--out_dir", str(out), "--prefix", "x", "--shard_size", "16",
                   "--workers", "1", "--no_progress"])
-    before = sorted(p.name for p in out.iterdir())
+    before = listing(out)
     assert len(before) > 3
 
     proc = run_cli("--local", b, "--out_dir", out, "--prefix", "x")
@@ -581,12 +586,12 @@ def test_cli_refuses_to_mix_corpora_and_overwrite_replaces(tmp_path, enc):
                        "another --out_dir")
     proc = run_cli("--local", b, "--out_dir", out, "--prefix", "y", "--overwrite")
     assert_error(proc, "holds shards with another prefix")
-    assert sorted(p.name for p in out.iterdir()) == before  # nothing touched
+    assert listing(out) == before  # nothing touched
 
     fineweb.main(["--local", str(b), "--out_dir", str(out), "--prefix", "x", "--overwrite",
                   "--workers", "1", "--no_progress"])
     manifest, stream, _ = read_shards(out)
-    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "x_train_000001.npy", "x_val_000000.npy"]
+    assert listing(out) == ["manifest.json", "x_train_000001.npy", "x_val_000000.npy"]
     assert np.array_equal(stream, expected_stream(enc, ["a different corpus"]))
 
 
@@ -703,7 +708,7 @@ def test_cli_full_disk_then_the_same_command_finishes(tmp_path):
     manifest = run_main(*args)
     assert [hashlib.sha256((out / s["file"]).read_bytes()).hexdigest()[:16] for s in manifest["shards"]] == [
         "7a756ad351abc096", "955c2300c3dd94ba"]  # as test_input_txt_yields_val_and_train_with_default_shard_size
-    assert sorted(p.name for p in out.iterdir()) == ["input_train_000001.npy", "input_val_000000.npy", "manifest.json"]
+    assert listing(out) == ["input_train_000001.npy", "input_val_000000.npy", "manifest.json"]
 
 
 @pytest.mark.parametrize(

@@ -20,17 +20,9 @@ import train_gpt2
 from fineweb import get_tokenizer
 from train_gpt2 import GPT, PRESETS, GPTConfig, TrainConfig, build_model, convert_hf_state_dict, get_lr, load_model
 
-pytestmark = pytest.mark.gpt2_contract
+pytestmark = [pytest.mark.gpt2_contract, pytest.mark.usefixtures("one_thread")]
 TINY = dict(block_size=32, vocab_size=67, n_layer=2, n_head=4, n_embd=32)
 GPT2 = get_tokenizer()
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def tiny_model(seed: int = 0, **overrides) -> GPT:

@@ -231,6 +231,15 @@ def test_a_torn_last_line_is_dropped_at_resume_with_a_note(data, tmp_path):
     assert [s for s, _ in read_log(tmp_path / "log.txt")["train"]] == [0, 1, 2]
 
 
+def test_a_dangling_symbolic_link_among_checkpoints_is_skipped_with_a_warning(data, tmp_path):
+    run_train(**settings(data, tmp_path, max_steps=2, eval_interval=0))
+    (tmp_path / "model_00009.pt").symlink_to(tmp_path / "gone.pt")  # newer by name, pointing nowhere
+    messages = []
+    result = run_train(messages, **settings(data, tmp_path, max_steps=3, eval_interval=0, resume="auto"))
+    assert f"warning: skipping unusable checkpoint: {tmp_path / 'model_00009.pt'}: No such file or directory" in messages
+    assert f"resumed from {tmp_path / 'model_00002.pt'} at step 2" in messages and result["step"] == 3
+
+
 def test_the_epochs_are_said_and_recorded(tmp_path):
     """At start: the tokens the run reads against the train split's (epochs); a note when an epoch begins; the
     epoch in log.txt at every step and in the checkpoint."""

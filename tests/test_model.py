@@ -27,15 +27,7 @@ from train_gpt2 import GPT, GPTConfig, KVCache, load_model
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = dict(block_size=32, vocab_size=67, n_layer=2, n_head=4, n_embd=32)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models gain nothing from intra-op threads, and on a busy 2-core box they lose 10x to contention."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: tiny models lose 10x to a second thread
 
 
 def tiny_model(seed: int = 0, dtype=torch.float64, scale: float = 0.0, **overrides) -> GPT:

@@ -58,3 +58,14 @@ def test_a_char_checkpoint_samples_characters(checkpoints, capsys):
     assert enc.name == "char" and len(sample_texts(model, enc, "ab", 1, 20, None, 1.0, 0, "cpu")[0]) == 22
     with pytest.raises(ValueError, match="smaller than the gpt2 tokenizer's"):
         sample_texts(model, get_tokenizer(), "ab", 1, 2, None, 1.0, 0, "cpu")
+
+
+def test_extreme_but_finite_temperatures_sample(checkpoints):
+    """A temperature so near 0 that dividing by it overflows float32 is greedy; a huge one draws near-uniformly;
+    neither turns the probabilities into NaN."""
+    model, enc = train_gpt2.load_model(str(checkpoints / "bpe.pt"))
+    greedy = sample_texts(model, enc, "The", 2, 8, None, 0.0, seed=0, device="cpu")
+    for temperature in (1e-30, 1e-300):
+        assert sample_texts(model, enc, "The", 2, 8, None, temperature, seed=0, device="cpu") == greedy
+    hot = sample_texts(model, enc, "The", 2, 8, None, 1e30, seed=0, device="cpu")
+    assert len(hot) == 2 and hot != greedy
