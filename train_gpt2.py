@@ -1,14 +1,14 @@
 """
-GPT-2 pretraining, read top to bottom: config, model, tokenizer and data, learning-rate schedule, distributed set-up,
-evaluation, the training loop, the command line.
+GPT-2 pretraining, read top to bottom: config, model, data, learning-rate schedule, distributed set-up, evaluation,
+the training loop, the command line.
 
     python fineweb.py --local input.txt --tokenizer char --out_dir data/shakespeare_char  # characters of the plays
     python train_gpt2.py --preset shakespeare_char                                        # minutes on a laptop CPU
     torchrun --standalone --nproc_per_node=8 train_gpt2.py --preset gpt2-124M             # the 10B-token recipe
 
-Data: fineweb.py's uint16 token shards and manifest.json. The plumbing an experiment never edits (checkpoint files and
-lineages, the log_dir lock, atomic writes, signals) is in run_files.py; hellaswag.py scores HellaSwag, plot.py draws
-curves.png. Importing this module does nothing but define things.
+Data: fineweb.py's uint16 token shards and manifest.json (fineweb.py also holds the tokenizers). The plumbing an
+experiment never edits (checkpoint files and lineages, the log_dir lock, atomic writes, signals) is in run_files.py;
+hellaswag.py scores HellaSwag, plot.py draws curves.png. Importing this module does nothing but define things.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ class TrainConfig:
     data_root: str = "edu_fineweb10B"  # directory of fineweb.py's shards ({prefix}_{val|train}_{i:06d}.npy)
     tokenizer: str = "auto"  # the data's tokenizer, checked against its manifest: auto (any) | gpt2 | char
     log_dir: str = "log"  # where log.txt, header.txt, checkpoints and curves.png go
-    shuffle: bool = False  # read each epoch in a seeded random order of shards and of windows within them
+    shuffle: bool = False  # each epoch in a seeded order of shards and windows, on a grid moved by a seeded offset
     # model (from scratch; --init_from loads a shape instead)
     n_layer: int = 12  # transformer blocks
     n_head: int = 12  # attention heads

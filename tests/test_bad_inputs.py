@@ -385,8 +385,10 @@ def outcomes(request, tmp_path_factory) -> dict:
 
 
 @pytest.mark.xdist_group("bad_inputs")  # under pytest -n, every case in one worker: `outcomes` starts them all there
-@pytest.mark.parametrize("case", [pytest.param(c, id=c.id, marks=pytest.mark.skip(reason=skip_reason(c)) if skip_reason(c)
-                                               else ()) for c in CASES])
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id, marks=[
+    *([pytest.mark.skip(reason=skip_reason(c))] if skip_reason(c) else []),
+    *([pytest.mark.gpt2_contract] if c.program == "export_hf.py" else [])])  # GPT-2's Hugging Face layout
+    for c in CASES])
 def test_bad_input_is_rejected_clearly(case, outcomes):
     d, futures = outcomes
     proc = futures[case].result()

@@ -54,7 +54,8 @@ def test_quick_start_has_exactly_two_commands_and_ci_runs_the_test_one():
     assert "requirements.txt" in (ROOT / ".ci/run").read_text()
 
 
-RUN_FOR_REAL = ("sample.py", "plot.py", "export_hf.py")  # no parser to call alone: the slow test runs them
+RUN_FOR_REAL = ("sample.py", "plot.py")  # no parser to call alone: the slow test runs them
+EXPORT = "export_hf.py"  # GPT-2's Hugging Face layout: run by the gpt2_contract test below
 
 
 def train_args(argv: list[str]):
@@ -73,8 +74,8 @@ def test_every_training_command_in_the_readme_parses():
 
 @pytest.mark.slow
 def test_readme_commands_run_at_tiny_settings(tmp_path):
-    """The quick start for real (shortened), the BPE smoke run, then sample.py / plot.py / export_hf.py / hellaswag.py
-    as the README spells them (on the BPE checkpoint: HellaSwag is in GPT-2's tokens)."""
+    """The quick start for real (shortened), the BPE smoke run, then sample.py / plot.py / hellaswag.py as the README
+    spells them (on the BPE checkpoint: HellaSwag is in GPT-2's tokens)."""
     cmds = readme_commands() + inline_commands(README)
     quick = ["--max_steps", "4", "--eval_interval", "2", "--val_tokens", "1024", "--sample_interval", "4"]
     logs = {}
@@ -115,7 +116,28 @@ def test_readme_commands_run_at_tiny_settings(tmp_path):
         assert result.returncode == 0, (argv, result.stderr[-2000:])
         ran.add(argv[1])
     assert ran == {*RUN_FOR_REAL, "hellaswag.py"}
-    assert (logs["shakespeare"] / "curves.png").is_file() and (tmp_path / "hf" / "config.json").is_file()
+    assert (logs["shakespeare"] / "curves.png").is_file()
+
+
+@pytest.mark.gpt2_contract
+def test_readme_export_commands_run(tmp_path):
+    """export_hf.py as the README spells it, on one of our checkpoints (GPT-2's layout, so part of the contract)."""
+    import dataclasses
+
+    import torch
+
+    config = train_gpt2.GPTConfig(block_size=16, vocab_size=50304, n_layer=1, n_head=1, n_embd=16)
+    ckpt = tmp_path / "model_00004.pt"
+    torch.save({"model": train_gpt2.GPT(config).state_dict(), "model_config": dataclasses.asdict(config)}, ckpt)
+    exports = [c for c in readme_commands() + inline_commands(README) if c[:2] == ["python", EXPORT]]
+    assert exports
+    for i, argv in enumerate(exports):
+        out = tmp_path / f"hf{i}"
+        argv = [{"python": sys.executable, "log/model_19073.pt": str(ckpt), "out/gpt2-ours": str(out)}.get(a, a)
+                for a in argv]
+        result = run(argv)
+        assert result.returncode == 0, (argv, result.stderr[-2000:])
+        assert (out / "config.json").is_file() and (out / "tokenizer.json").is_file()
 
 
 def inline_commands(text: str) -> list[list[str]]:
@@ -135,8 +157,8 @@ def test_every_command_in_the_readme_parses():
     checked = 0
     for argv in readme_commands() + inline_commands(README):
         script = next((a for a in argv if a.endswith(".py")), None)
-        if script is None or script in RUN_FOR_REAL:
-            continue  # pip, or the commands the test above runs for real
+        if script is None or script in (*RUN_FOR_REAL, EXPORT):
+            continue  # pip, or the commands the tests above run for real
         args = argv[argv.index(script) + 1 :]
         if "-h" in args:
             with pytest.raises(SystemExit) as e:

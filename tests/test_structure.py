@@ -62,8 +62,14 @@ def imports_of(path: Path, top_level_only: bool = True) -> set[str]:
 # Size, reading order, the plumbing beside it
 
 
-def test_file_and_function_sizes():
+@pytest.mark.gpt2_contract
+def test_the_shipped_file_keeps_its_line_budget():
+    """train_gpt2.py as this repository ships it: at most 850 lines. A fork's research edit (RoPE adds about 15) may
+    spend more, so this is part of the contract, not of the invariants."""
     assert len(SOURCE.splitlines()) <= 850
+
+
+def test_no_function_is_longer_than_a_screen_or_two():
     functions = [n for n in ast.walk(TREE) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     too_long = {f.name: f.end_lineno - f.lineno + 1 for f in functions if f.end_lineno - f.lineno + 1 > 80}
     assert not too_long, too_long
