@@ -47,6 +47,7 @@ import textwrap
 import time
 import zlib
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeoutError  # the builtin TimeoutError from Python 3.11
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Iterable, Iterator, Optional
@@ -84,6 +85,7 @@ FINEWEB_INCOMPLETE_NAME = ".fineweb_incomplete"  # run_files.FINEWEB_INCOMPLETE,
 BATCH_CHARS = 1 << 18
 BATCH_DOCS = 1024
 IN_FLIGHT_PER_WORKER = 2  # batches submitted ahead per worker: keeps workers busy, bounds memory
+WORKER_CHECK_SECONDS = 1.0  # how often a wait for a batch looks for a dead worker (see pool_result)
 
 TXT_RULE = (
     "A .txt file (UTF-8) holds documents separated by two or more consecutive blank lines (lines with "
@@ -695,13 +697,35 @@ def tokenize_batch(docs: list[str]) -> tuple[list[np.ndarray], list[int]]:
     return encode_batch(_WORKER_ENCODING, docs)
 
 
+def pool_result(future, pool: ProcessPoolExecutor, check_every: float = WORKER_CHECK_SECONDS):
+    """future.result(), looking for a dead worker while it waits. ProcessPoolExecutor notices a dead worker by
+    itself unless the worker was killed while sending a result (a batch's tokens fill the pipe many times over):
+    its manager thread then waits forever for the rest of that message (CPython 3.11 at least; seen here under
+    load). So after each check_every seconds of waiting: if a worker has died, the others are stopped and our copy
+    of the result pipe's writing end is closed; that read then ends (no writer is left) and the executor breaks
+    as usual, failing this future with BrokenProcessPool. The attributes are private, hence the getattr: without
+    them this is a plain future.result()."""
+    while True:
+        try:
+            return future.result(timeout=check_every)
+        except FutureTimeoutError:
+            workers = list((getattr(pool, "_processes", None) or {}).values())
+            if any(p.exitcode not in (None, 0) for p in workers):
+                for p in workers:
+                    p.kill()
+                writer = getattr(getattr(pool, "_result_queue", None), "_writer", None)
+                if writer is not None:
+                    writer.close()
+
+
 def tokenize_documents(
     docs: Iterable[str], enc, workers: int = 1, start_method: Optional[str] = None
 ) -> Iterator[tuple[list[np.ndarray], list[int]]]:
     """(token arrays, CRCs) of the documents, in order, one pair per batch; workers > 1 uses a process pool.
 
-    A worker that dies (out-of-memory killer, kill -9) raises BrokenProcessPool here at once: an executor notices
-    a lost worker, where multiprocessing.Pool would wait forever for its task.
+    A worker that dies (out-of-memory killer, kill -9) raises BrokenProcessPool here within a second or so: an
+    executor notices a lost worker, where multiprocessing.Pool would wait forever for its task, and pool_result
+    covers the case the executor misses.
     """
     batches = batch_documents(docs)
     if workers == 1:  # no pool: no start-up cost, and errors surface with their own traceback
@@ -718,9 +742,9 @@ def tokenize_documents(
             with stop_signals_blocked():  # submit starts the workers
                 pending.append(pool.submit(tokenize_batch, batch))
             if len(pending) >= IN_FLIGHT_PER_WORKER * workers:
-                yield pending.popleft().result()
+                yield pool_result(pending.popleft(), pool)
         while pending:
-            yield pending.popleft().result()
+            yield pool_result(pending.popleft(), pool)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)  # on a failure, queued batches are dropped, not tokenised
 

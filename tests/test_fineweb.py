@@ -1296,6 +1296,40 @@ def test_a_stopped_run_keeps_its_shards_and_the_same_command_finishes_it(tmp_pat
     assert_same_corpus(out, ref)
 
 
+def _die_while_sending_a_result():
+    """A pool task that dies as the out-of-memory killer can catch a worker: part-way through sending its result
+    (a length header promising 1 MiB, then 10 bytes), with another worker still holding the pipe open."""
+    import gc
+    import struct
+    from multiprocessing.queues import SimpleQueue
+
+    results = next(o for o in gc.get_objects() if isinstance(o, SimpleQueue))  # the worker's result queue
+    results._writer._send(struct.pack("!i", 1 << 20) + b"x" * 10)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_worker_killed_while_sending_its_result_breaks_the_pool_instead_of_hanging():
+    """The case ProcessPoolExecutor misses (its manager thread waits forever for the rest of the message):
+    pool_result still ends with BrokenProcessPool, within a few of its checks."""
+    import multiprocessing
+    import threading
+
+    pool = fineweb.ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork"))
+    outcome = []
+    try:
+        pool.submit(int).result()  # both workers started and idle
+        waiter = threading.Thread(target=lambda: outcome.append(
+            pytest.raises(fineweb.BrokenProcessPool, fineweb.pool_result, pool.submit(_die_while_sending_a_result),
+                          pool, check_every=0.2)), daemon=True)
+        waiter.start()
+        waiter.join(timeout=30)
+        assert outcome, "pool_result still waiting 30 s after the worker died"
+    finally:
+        for p in list((pool._processes or {}).values()):
+            p.kill()
+        pool.shutdown(wait=bool(outcome))
+
+
 @pytest.mark.parametrize("start_method", ["fork", "spawn"])
 def test_a_killed_worker_ends_the_run_keeping_its_shards(tmp_path, big_corpus, start_method):
     if start_method not in fineweb.multiprocessing.get_all_start_methods():
