@@ -34,11 +34,15 @@ import argparse
 import http.client
 import json
 import os
+import signal
 import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Callable, Optional, Sequence
+
+if __name__ == "__main__" and signal.getsignal(signal.SIGINT) != signal.SIG_IGN:  # Ctrl-C at any moment: one line
+    signal.signal(signal.SIGINT, lambda signum, frame: sys.exit("hellaswag.py: interrupted"))
 
 import torch
 import torch.nn.functional as F

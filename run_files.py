@@ -662,11 +662,14 @@ def lock_holder(path: Path) -> str:
 class StopSignal:
     """SIGTERM, SIGINT (Ctrl-C) and SIGHUP (a closed terminal) only set `requested`: the run checks it at every step
     and inside evaluations, writes a checkpoint of where it is and ends with status 0, never a traceback. The
-    handlers are the process's for the whole run, start-up and the final save included; the previous ones return."""
+    handlers are the process's for the whole run, start-up and the final save included; the previous ones return.
+    A signal the process was started ignoring stays ignored: `nohup` ignores SIGHUP so that a closed terminal does
+    not end the run, and a shell's background job (`cmd &`) ignores SIGINT."""
     SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP") if hasattr(signal, name))
 
     def __enter__(self):
-        self.requested, self.previous = None, {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+        self.requested = None
+        self.previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS if signal.getsignal(s) != signal.SIG_IGN}
         return self
 
     def _handle(self, signum, frame):

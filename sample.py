@@ -13,7 +13,8 @@ import signal
 import sys
 
 if __name__ == "__main__":  # Ctrl-C at any moment, torch's import included: one line, no traceback
-    signal.signal(signal.SIGINT, lambda signum, frame: sys.exit("sample.py: interrupted"))
+    if signal.getsignal(signal.SIGINT) != signal.SIG_IGN:  # a background job (`cmd &`) was started ignoring it
+        signal.signal(signal.SIGINT, lambda signum, frame: sys.exit("sample.py: interrupted"))
 
 import run_files
 import train_gpt2

@@ -29,7 +29,8 @@ from typing import Optional
 
 if __name__ == "__main__":  # a stop request while torch loads (before train() takes over): a clean exit, no traceback
     for _signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(_signum, lambda s, f: sys.exit(print(f"{signal.Signals(s).name}: stopped before training started")))
+        if signal.getsignal(_signum) != signal.SIG_IGN:  # one ignored from the start (nohup's SIGHUP) stays so
+            signal.signal(_signum, lambda s, f: sys.exit(print(f"{signal.Signals(s).name}: stopped before training started")))
 
 import numpy as np
 import torch

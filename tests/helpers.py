@@ -1,6 +1,7 @@
 """Helpers shared by test modules (conftest.py sets up the test process's own environment)."""
 
 import os
+import signal
 from pathlib import Path
 
 
@@ -28,3 +29,10 @@ measured.KINDS = ("train", "val", "hella", "lr", "norm")
 def many_characters(n: int) -> str:
     """Code points U+0100 onwards, n of them less the surrogates (which UTF-8 cannot encode) among them."""
     return "".join(chr(c) for c in range(0x100, 0x100 + n) if not 0xD800 <= c < 0xE000)
+
+
+def default_stop_signals():
+    """A subprocess's preexec_fn: SIGTERM, SIGINT and SIGHUP as a terminal's foreground job has them, whatever the
+    test runner inherited (a suite started under nohup ignores SIGHUP, one started with `&` SIGINT)."""
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)

@@ -2,6 +2,7 @@
 helpers. No timing is asserted: the machine is shared, only the shape of the output is."""
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -165,22 +166,36 @@ def test_import_does_no_work():
     assert proc.returncode == 0 and proc.stdout == "" and proc.stderr == "", proc.stderr
 
 
-COMPARE_TINY = ["--only", "compare", "--compare_rev", "HEAD", "--compare_steps", "3", "--compare_skip", "1",
-                "--compare_repeats", "1", "--threads", "1", "--compare_args",
+COMPARE_TINY = ["--only", "compare", "--compare_steps", "3", "--compare_skip", "1", "--compare_repeats", "1",
+                "--threads", "1", "--compare_args",
                 "--n_layer 1 --n_head 1 --n_embd 16 --block_size 16 --seq_len 16 --batch_size 2 --total_batch_size 32"]
 
 
+def commit_of_this_tree(tmp_path) -> str:
+    """A commit of the files as they are now (edits and new files included, ignored ones not), made with a private
+    index so the repository's index, HEAD and branches stay as they were: compare's "old" tree is then this code, in a
+    clean checkout and in a fork with uncommitted edits alike."""
+    env = {**os.environ, "GIT_INDEX_FILE": str(tmp_path / "index"), "GIT_AUTHOR_NAME": "test",
+           "GIT_AUTHOR_EMAIL": "test@localhost", "GIT_COMMITTER_NAME": "test", "GIT_COMMITTER_EMAIL": "test@localhost"}
+    def git(*args):
+        return subprocess.run(["git", "-C", str(bench.HERE), *args], env=env, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    git("add", "--all")
+    return git("commit-tree", git("write-tree"), "-m", "the working tree, for test_compare_this_tree_against_itself")
+
+
 @pytest.mark.slow
-def test_compare_head_against_head(tmp_path, monkeypatch):
+def test_compare_this_tree_against_itself(tmp_path, monkeypatch):
     """The same code run twice side by side: a speed-up near 1, identical losses, the temp trees removed."""
     scratch = tmp_path / "tmp"
     scratch.mkdir()
+    rev = commit_of_this_tree(tmp_path)
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
-    results = bench.main(COMPARE_TINY + ["--json", str(tmp_path / "b.json")])
+    results = bench.main(COMPARE_TINY + ["--compare_rev", rev, "--json", str(tmp_path / "b.json")])
     assert results["failures"] == [] and list(results["sections"]) == ["compare"]
     r = results["sections"]["compare"]
     old, new = r["rows"]
-    assert old["tree"].startswith("HEAD (") and new["tree"].startswith("this tree (HEAD ")
+    assert old["tree"] == rev and new["tree"].startswith("this tree (HEAD ")
     assert old["timed_steps"] == new["timed_steps"] == 2 and old["speedup"] == 1.0
     assert 0.2 < r["speedup"] < 5  # the same program: only the machine's load tells them apart
     assert r["max_abs_loss_diff"] == 0.0 and r["losses_match"] and len(old["losses"]) == 3

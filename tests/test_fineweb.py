@@ -20,7 +20,7 @@ import pytest
 
 import fineweb
 import launcher
-from helpers import child_env, many_characters
+from helpers import child_env, default_stop_signals, many_characters
 
 ROOT = Path(__file__).resolve().parents[1]
 EOT = 50256
@@ -1252,12 +1252,12 @@ def BIG_ARGS(corpus, out):  # noqa: N802  (a constant's spelling: the command th
     return ["--local", corpus, "--out_dir", out, "--shard_size", "50_000", "--workers", "2"]
 
 
-def start_run(corpus, out, *args):
-    """fineweb.py with 2 workers in a session of its own (a signal to its group is a terminal's Ctrl-C), returned
-    once its progress record lists a finished shard."""
-    proc = subprocess.Popen([sys.executable, str(ROOT / "fineweb.py"), *map(str, BIG_ARGS(corpus, out)), "--no_progress",
-                             *args], cwd=ROOT, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+def start_run(corpus, out, *args, prefix=()):
+    """fineweb.py with 2 workers in a session of its own (a signal to its group is a terminal's Ctrl-C or hangup),
+    started by `prefix` (e.g. nohup), returned once its progress record lists a finished shard."""
+    proc = subprocess.Popen([*prefix, sys.executable, str(ROOT / "fineweb.py"), *map(str, BIG_ARGS(corpus, out)),
+                             "--no_progress", *args], cwd=ROOT, env=child_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=default_stop_signals)
     deadline = time.monotonic() + 120
     while not (fineweb.read_progress(out) or {}).get("shards"):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
@@ -1282,17 +1282,31 @@ def assert_stopped_keeping_its_shards(proc, out, message, within=30):
     assert not (out / "manifest.json").exists()
 
 
-@pytest.mark.parametrize("how", ["SIGTERM", "Ctrl-C"])
+@pytest.mark.parametrize("how", ["SIGTERM", "Ctrl-C", "hangup"])
 def test_a_stopped_run_keeps_its_shards_and_the_same_command_finishes_it(tmp_path, big_corpus, how):
     corpus, ref = big_corpus
     out = tmp_path / "out"
     proc = start_run(corpus, out)
     if how == "SIGTERM":
         os.kill(proc.pid, signal.SIGTERM)  # the parent only, as `kill` does
-    else:
-        os.killpg(proc.pid, signal.SIGINT)  # the whole group, workers too, as a terminal does
-    assert_stopped_keeping_its_shards(proc, out, f"fineweb.py: interrupted ({'SIGTERM' if how == 'SIGTERM' else 'SIGINT'}); ")
+    else:  # the whole group, workers too, as a terminal does
+        os.killpg(proc.pid, signal.SIGINT if how == "Ctrl-C" else signal.SIGHUP)
+    name = {"SIGTERM": "SIGTERM", "Ctrl-C": "SIGINT", "hangup": "SIGHUP"}[how]
+    assert_stopped_keeping_its_shards(proc, out, f"fineweb.py: interrupted ({name}); ")
     run_main(*BIG_ARGS(corpus, out))
+    assert_same_corpus(out, ref)
+
+
+@pytest.mark.skipif(shutil.which("nohup") is None, reason="no nohup on PATH")
+def test_a_run_started_with_nohup_tokenises_through_a_hangup(tmp_path, big_corpus):
+    """`nohup python fineweb.py ...` asks that a closed terminal not end the run: its workers and itself ignore
+    the hangup and the corpus is the uninterrupted run's."""
+    corpus, ref = big_corpus
+    out = tmp_path / "out"
+    proc = start_run(corpus, out, prefix=["nohup"])
+    os.killpg(proc.pid, signal.SIGHUP)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
     assert_same_corpus(out, ref)
 
 

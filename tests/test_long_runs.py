@@ -175,7 +175,15 @@ def assert_resumes_to(log_dir: Path, straight: Path, data: Path):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_a_signal_during_start_up_ends_cleanly_before_the_first_step(data, tmp_path, monkeypatch):
+@pytest.fixture
+def hangup_as_at_a_terminal():
+    """SIGHUP's default action for the test, even in a test process started under nohup (which ignores it)."""
+    previous = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    yield
+    signal.signal(signal.SIGHUP, previous)
+
+
+def test_a_signal_during_start_up_ends_cleanly_before_the_first_step(data, tmp_path, monkeypatch, hangup_as_at_a_terminal):
     stop_when(monkeypatch, run_files, "write_header", sig=signal.SIGHUP)
     messages = []
     result = run_train(messages, **settings(data, tmp_path, max_steps=5))

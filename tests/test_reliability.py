@@ -13,6 +13,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -28,7 +29,7 @@ import train_gpt2
 from plot import read_log
 from run_files import checkpoint_paths
 from train_gpt2 import GPTConfig, TrainConfig
-from helpers import child_env, measured
+from helpers import child_env, default_stop_signals, measured
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 40
@@ -57,7 +58,7 @@ class Run:
     def __init__(self, cmd: list[str]):
         self.cmd = cmd
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env(), stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT)
+                                     stderr=subprocess.STDOUT, preexec_fn=default_stop_signals)
         os.set_blocking(self.proc.stdout.fileno(), False)
         self._out = bytearray()
 
@@ -321,18 +322,35 @@ def test_signal_checkpoints_the_current_step_and_exits_cleanly(sig, data, refere
     assert measured(log_dir) == reference.log()
 
 
-@pytest.mark.parametrize("program", ["train_gpt2.py", "sample.py"])
+@pytest.mark.skipif(shutil.which("nohup") is None, reason="no nohup on PATH")
+def test_a_run_started_with_nohup_trains_through_hangups(data, reference, runs, tmp_path):
+    """`nohup python train_gpt2.py ...` asks that a closed terminal not end the run: SIGHUP while torch loads and
+    again mid-run changes nothing, and the run ends as the uninterrupted one."""
+    log_dir = tmp_path / "log"
+    run = runs.start(["nohup", sys.executable, "-X", "importtime", "train_gpt2.py", *map(str, flags(data, log_dir))])
+    run.wait_for(lambda: "| torch" in run.output(), "torch's import")
+    os.kill(run.pid, signal.SIGHUP)
+    run.wait_for(lambda: max(trained_steps(run.output()), default=-1) >= 7, "step 7")
+    os.kill(run.pid, signal.SIGHUP)
+    assert run.finish() == 0, run.output()[-4000:]
+    assert "stopped" not in run.output() and max(trained_steps(run.output())) == STEPS - 1
+    assert_same_state(log_dir / f"model_{STEPS:05d}.pt", reference.final())
+    assert measured(log_dir) == reference.log()
+
+
+@pytest.mark.parametrize("program", ["train_gpt2.py", "sample.py", "hellaswag.py"])
 def test_a_signal_while_starting_is_one_line_without_a_traceback(program, data, runs, tmp_path):
     """Ctrl-C (or SIGTERM, SIGHUP) while the program still imports torch: the trainer ends with status 0 saying it
-    stopped before training started (nothing written), sample.py with one line; neither prints a traceback."""
-    args = flags(data, tmp_path / "log") if program == "train_gpt2.py" else ["--init_from", tmp_path / "none.pt"]
+    stopped before training started (nothing written), sample.py and hellaswag.py with one line; no traceback."""
+    args = {"train_gpt2.py": flags(data, tmp_path / "log"), "sample.py": ["--init_from", tmp_path / "none.pt"],
+            "hellaswag.py": ["--model", tmp_path / "none.pt"]}[program]
     run = runs.start([sys.executable, "-X", "importtime", program, *map(str, args)])
     run.wait_for(lambda: "| torch" in run.output() or "torch._C" in run.output(), "torch's import")  # mid-import
     os.kill(run.pid, signal.SIGINT)
     status, out = run.finish(), run.output()
     lines = [line for line in out.splitlines() if not line.startswith("import time:")]
     assert "Traceback" not in out and (status, lines) == ((0, ["SIGINT: stopped before training started"]) if program == "train_gpt2.py" else
-                                                          (1, ["sample.py: interrupted"])), out[-3000:]
+                                                          (1, [f"{program}: interrupted"])), out[-3000:]
     assert not (tmp_path / "log").exists()
 
 

@@ -5,6 +5,7 @@ uses the last two. CUDA is simulated (torch.cuda's functions monkeypatched), so 
 import errno
 import fcntl
 import os
+import signal
 
 import pytest
 import torch
@@ -286,3 +287,25 @@ def test_a_malformed_torchrun_env_stops_setup_before_the_process_group(gpus, mon
     with pytest.raises(ValueError, match="^RANK is set but LOCAL_RANK is not"):
         train_gpt2.setup_distributed("cpu")
     assert gpus["init"] == [] and gpus["set_device"] == []
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Stop signals
+
+
+def test_stop_signal_records_a_signal_and_leaves_one_started_ignored_alone():
+    """A handled signal only sets `requested`; one the process was started ignoring (nohup's SIGHUP) stays ignored
+    and is not recorded; every previous handler is back afterwards."""
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with run_files.StopSignal() as stop:
+            assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+            os.kill(os.getpid(), signal.SIGHUP)
+            assert stop.requested is None
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert stop.requested == "SIGTERM"
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) == before[signal.SIGTERM]
+    finally:
+        signal.signal(signal.SIGHUP, before[signal.SIGHUP])
