@@ -618,14 +618,14 @@ def corpus_characters(docs: Iterable[str]) -> str:
     return "".join(sorted(chars))
 
 
-STOP_SIGNALS = {getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)}
+STOP_SIGNALS = {getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1") if hasattr(signal, name)}
 
 
 @contextlib.contextmanager
 def stop_signals_blocked():
-    """Hold Ctrl-C, SIGTERM and SIGHUP back while pool workers may start: a worker inherits the mask, so those signals
-    wait until _init_worker has set its handlers (else Python's default SIGINT handler in a spawned worker, or
-    the parent's handler in a forked one, prints a traceback). The parent still sees them, just after this."""
+    """Hold the stop signals back while pool workers may start: a worker inherits the mask, so those signals wait
+    until _init_worker has set its handlers (else Python's default SIGINT handler in a spawned worker, or the
+    parent's handler in a forked one, prints a traceback). The parent still sees them, just after this."""
     if not hasattr(signal, "pthread_sigmask"):  # Windows
         yield
         return
@@ -643,8 +643,8 @@ def _init_worker(enc) -> None:
     """Pool worker set-up: its tokenizer, and signals left to the parent, which stops the pool and cleans up."""
     global _WORKER_ENCODING
     _WORKER_ENCODING = enc
-    for sig in STOP_SIGNALS - {signal.SIGTERM}:  # Ctrl-C and a closed terminal reach the whole process group:
-        signal.signal(sig, signal.SIG_IGN)      # the parent stops the pool; no traceback per worker
+    for sig in STOP_SIGNALS - {signal.SIGTERM}:  # Ctrl-C, a closed terminal, a scheduler's warning reach the whole
+        signal.signal(sig, signal.SIG_IGN)      # process group: the parent stops the pool; no traceback per worker
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # fork copies the parent's handler; a worker just ends
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # see stop_signals_blocked
@@ -1396,7 +1396,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 @contextlib.contextmanager
 def interrupts_raise():
-    """SIGTERM and SIGHUP raise KeyboardInterrupt as Ctrl-C does, so all clean up alike; a second signal is ignored
+    """SIGTERM, SIGHUP and SIGUSR1 raise KeyboardInterrupt as Ctrl-C does, so all clean up alike; a second signal is ignored
     rather than cutting the clean-up short. A signal the process was started ignoring stays ignored (`nohup`'s
     SIGHUP, a background job's SIGINT). The previous handlers come back on exit."""
 

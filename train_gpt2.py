@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Optional
 
 if __name__ == "__main__":  # a stop request while torch loads (before train() takes over): a clean exit, no traceback
-    for _signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    for _signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):  # run_files.StopSignal's
         if signal.getsignal(_signum) != signal.SIG_IGN:  # one ignored from the start (nohup's SIGHUP) stays so
             signal.signal(_signum, lambda s, f: sys.exit(print(f"{signal.Signals(s).name}: stopped before training started")))
 
@@ -734,7 +734,7 @@ def save_checkpoint(cfg: TrainConfig, raw_model: GPT, optimizers: list, train_lo
 
 def train(cfg: TrainConfig, log=print) -> dict:
     """Train as configured (one process, or one rank under torchrun); return the final metrics."""
-    with run_files.StopSignal() as stop:  # SIGTERM, SIGINT, SIGHUP from here on: a checkpoint and a clean exit
+    with run_files.StopSignal() as stop:  # SIGTERM, SIGINT, SIGHUP, SIGUSR1 from here on: a checkpoint, a clean exit
         ddp, rank, local_rank, world_size, device = setup_distributed(cfg.device)
         device_type, master_process = device.split(":")[0], rank == 0
         log = log if master_process else (lambda *args: None)  # rank 0 speaks for every rank

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU path in one run (under 8 minutes on one GPU), ending in one markdown table:
+# The GPU path in one run (sized for under 8 minutes on one H200; not yet timed on one), ending in one markdown table:
 #   0. a preflight that fails in seconds naming what is missing: Python, a CUDA build of torch that sees a GPU, the
 #      Python modules the stages import, a C compiler and Python's headers (Triton builds with them), free GPU memory
 #   1. bench.py's GPT-2 124M training step at B=16 and B=64, bf16, torch.compile: ms/step, tok/s, MFU

@@ -1282,16 +1282,16 @@ def assert_stopped_keeping_its_shards(proc, out, message, within=30):
     assert not (out / "manifest.json").exists()
 
 
-@pytest.mark.parametrize("how", ["SIGTERM", "Ctrl-C", "hangup"])
+@pytest.mark.parametrize("how", ["SIGTERM", "Ctrl-C", "hangup", "SLURM's warning"])
 def test_a_stopped_run_keeps_its_shards_and_the_same_command_finishes_it(tmp_path, big_corpus, how):
     corpus, ref = big_corpus
     out = tmp_path / "out"
     proc = start_run(corpus, out)
+    name = {"SIGTERM": "SIGTERM", "Ctrl-C": "SIGINT", "hangup": "SIGHUP", "SLURM's warning": "SIGUSR1"}[how]
     if how == "SIGTERM":
         os.kill(proc.pid, signal.SIGTERM)  # the parent only, as `kill` does
-    else:  # the whole group, workers too, as a terminal does
-        os.killpg(proc.pid, signal.SIGINT if how == "Ctrl-C" else signal.SIGHUP)
-    name = {"SIGTERM": "SIGTERM", "Ctrl-C": "SIGINT", "hangup": "SIGHUP"}[how]
+    else:  # the whole group, workers too, as a terminal (or SLURM's --signal=USR1@120) does
+        os.killpg(proc.pid, getattr(signal, name))
     assert_stopped_keeping_its_shards(proc, out, f"fineweb.py: interrupted ({name}); ")
     run_main(*BIG_ARGS(corpus, out))
     assert_same_corpus(out, ref)

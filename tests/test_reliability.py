@@ -355,18 +355,21 @@ def test_a_signal_while_starting_is_one_line_without_a_traceback(program, data, 
 
 
 @pytest.mark.slow
-def test_torchrun_sigterm_saves_on_every_rank_then_resumes_identical(data, reference_ddp, runs, tmp_path):
-    """SIGTERM to torchrun (a scheduler ending the job): torchrun sends it to both workers, which finish their step,
-    write a checkpoint of it and exit 0; then torchrun itself re-raises the signal (its own SignalException
-    traceback, not the trainer's). The same command with --resume auto ends as the uninterrupted run."""
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1], ids=["SIGTERM", "SIGUSR1"])
+def test_torchrun_passes_a_stop_signal_to_every_rank_which_saves_then_resumes_identical(sig, data, reference_ddp, runs, tmp_path):
+    """SIGTERM to torchrun (a scheduler ending the job; or SIGUSR1, SLURM's warning, which torchrun passes on when
+    told to, as the README says): torchrun sends it to both workers, which finish their step, write a checkpoint of
+    it and exit 0; then torchrun itself re-raises the signal (its own SignalException traceback, not the
+    trainer's). The same command with --resume auto ends as the uninterrupted run."""
     log_dir = tmp_path / "log"
-    cmd = [*TORCHRUN, "--standalone", "train_gpt2.py", *flags(data, log_dir)]
+    handled = ["--signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"] if sig == signal.SIGUSR1 else []
+    cmd = [*TORCHRUN, *handled, "--standalone", "train_gpt2.py", *flags(data, log_dir)]
     run = runs.start(cmd)
     run.wait_for(lambda: max(trained_steps(run.output()), default=-1) >= 7, "step 7")
-    os.kill(run.pid, signal.SIGTERM)
+    os.kill(run.pid, sig)
     run.finish()
     out = run.output()
-    stopped = re.search(r"stopped by SIGTERM at step (\d+)", out)
+    stopped = re.search(rf"stopped by {sig.name} at step (\d+)", out)
     assert stopped, out[-4000:]
     assert checkpoints(log_dir)[-1] == f"model_{int(stopped[1]):05d}.pt"
     tracebacks = out.count("Traceback")

@@ -293,6 +293,17 @@ def test_a_malformed_torchrun_env_stops_setup_before_the_process_group(gpus, mon
 # Stop signals
 
 
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1"])
+def test_stop_signal_records_each_stop_request_and_restores_the_handler(name):
+    """A scheduler's SIGTERM, Ctrl-C, a closed terminal, SLURM's `--signal=USR1@120` warning: each only asks."""
+    sig = getattr(signal, name)
+    before = signal.getsignal(sig)
+    with run_files.StopSignal() as stop:
+        os.kill(os.getpid(), sig)
+        assert stop.requested == name
+    assert signal.getsignal(sig) == before
+
+
 def test_stop_signal_records_a_signal_and_leaves_one_started_ignored_alone():
     """A handled signal only sets `requested`; one the process was started ignoring (nohup's SIGHUP) stays ignored
     and is not recorded; every previous handler is back afterwards."""

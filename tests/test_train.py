@@ -106,8 +106,10 @@ def headers(log_dir) -> list[dict]:
 
 
 def max_abs_diff(a: dict, b: dict) -> float:
-    assert a.keys() == b.keys()
-    return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
+    """The largest |a - b| over every entry of every tensor (a tensor may be empty: all of it left out as a
+    zero-gradient entry, e.g. a LayerNorm bias on the keys)."""
+    assert a.keys() == b.keys() and all(a[k].shape == b[k].shape for k in a)
+    return max(((a[k].double() - b[k].double()).abs().max().item() for k in a if a[k].numel()), default=0.0)
 
 
 @functools.lru_cache(maxsize=None)
