@@ -295,13 +295,17 @@ def test_a_malformed_torchrun_env_stops_setup_before_the_process_group(gpus, mon
 
 @pytest.mark.parametrize("name", ["SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1"])
 def test_stop_signal_records_each_stop_request_and_restores_the_handler(name):
-    """A scheduler's SIGTERM, Ctrl-C, a closed terminal, SLURM's `--signal=USR1@120` warning: each only asks."""
+    """A scheduler's SIGTERM, Ctrl-C, a closed terminal, SLURM's `--signal=USR1@120` warning: each only asks. (The
+    signal starts at its default action, as at a terminal: a suite run under nohup or `&` inherits it ignored.)"""
     sig = getattr(signal, name)
-    before = signal.getsignal(sig)
-    with run_files.StopSignal() as stop:
-        os.kill(os.getpid(), sig)
-        assert stop.requested == name
-    assert signal.getsignal(sig) == before
+    before = signal.signal(sig, signal.SIG_DFL)
+    try:
+        with run_files.StopSignal() as stop:
+            os.kill(os.getpid(), sig)
+            assert stop.requested == name
+        assert signal.getsignal(sig) == signal.SIG_DFL
+    finally:
+        signal.signal(sig, before)
 
 
 def test_stop_signal_records_a_signal_and_leaves_one_started_ignored_alone():
