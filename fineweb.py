@@ -1396,9 +1396,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 @contextlib.contextmanager
 def interrupts_raise():
-    """SIGTERM, SIGHUP and SIGUSR1 raise KeyboardInterrupt as Ctrl-C does, so all clean up alike; a second signal is ignored
-    rather than cutting the clean-up short. A signal the process was started ignoring stays ignored (`nohup`'s
-    SIGHUP, a background job's SIGINT). The previous handlers come back on exit."""
+    """SIGTERM, SIGHUP and SIGUSR1 raise KeyboardInterrupt as Ctrl-C does, so all clean up alike; a second signal
+    is ignored rather than cutting the clean-up short. A signal the process was started ignoring stays ignored
+    (`nohup`'s SIGHUP, a background job's SIGINT). The previous handlers come back on exit."""
 
     def handler(signum, frame):
         for sig in STOP_SIGNALS:

@@ -661,10 +661,11 @@ def lock_holder(path: Path) -> str:
 
 class StopSignal:
     """SIGTERM, SIGINT (Ctrl-C), SIGHUP (a closed terminal) and SIGUSR1 (a scheduler's warning before a time limit:
-    SLURM's `--signal=USR1@120`) only set `requested`: the run checks it at every step and inside evaluations, writes a checkpoint of where it is and ends with status 0, never a traceback. The
-    handlers are the process's for the whole run, start-up and the final save included; the previous ones return.
-    A signal the process was started ignoring stays ignored: `nohup` ignores SIGHUP so that a closed terminal does
-    not end the run, and a shell's background job (`cmd &`) ignores SIGINT."""
+    SLURM's `--signal=USR1@120`) only set `requested`: the run checks it at every step and inside evaluations,
+    writes a checkpoint of where it is and ends with status 0, never a traceback. The handlers are the process's for
+    the whole run, start-up and the final save included; the previous ones return. A signal the process was started
+    ignoring stays ignored: `nohup` ignores SIGHUP so that a closed terminal does not end the run, and a shell's
+    background job (`cmd &`) ignores SIGINT."""
     SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1") if hasattr(signal, name))
 
     def __enter__(self):
