@@ -33,9 +33,12 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["OMP_NUM_THREADS"] = "1"
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def one_thread():
-    """Bit-level comparisons across runs in one process assume the same kernels and thread count."""
+    """One torch thread for a whole module (`pytestmark = pytest.mark.usefixtures("one_thread")`), its module-scoped
+    fixtures included: bit-level comparisons across runs in one process assume the same kernels and thread count (a
+    reference run made with two threads differs from a resumed run with one in the last bits), and tiny models only
+    lose to a second thread's synchronisation. Under `-n 2` OMP_NUM_THREADS=1 hides a missed case; `-n 0` does not."""
     import torch
 
     previous = torch.get_num_threads()

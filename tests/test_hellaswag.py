@@ -20,6 +20,8 @@ from fineweb import get_tokenizer
 from train_gpt2 import GPT, GPTConfig
 from helpers import child_env
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: tiny models lose to a second thread's synchronisation
+
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = (
     "the a man woman dog cat ball house runs jumps quickly slowly red blue under over river mountain cooks "
@@ -43,15 +45,6 @@ def synthetic_examples(n: int, seed: int = 0) -> list[dict]:
 def write_jsonl(path: Path, rows) -> Path:
     path.write_text("".join((row if isinstance(row, str) else json.dumps(row)) + "\n" for row in rows))
     return path
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Our models are tiny: a second thread only adds synchronisation, which costs a lot on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
