@@ -41,8 +41,9 @@ import urllib.request
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-if __name__ == "__main__" and signal.getsignal(signal.SIGINT) != signal.SIG_IGN:  # Ctrl-C at any moment: one line
-    signal.signal(signal.SIGINT, lambda signum, frame: sys.exit("hellaswag.py: interrupted"))
+if __name__ == "__main__":  # Ctrl-C at any moment, torch's import included: one line, no traceback
+    if signal.getsignal(signal.SIGINT) != signal.SIG_IGN:  # a background job (`cmd &`) was started ignoring it
+        signal.signal(signal.SIGINT, lambda signum, frame: sys.exit("hellaswag.py: interrupted"))
 
 import torch
 import torch.nn.functional as F

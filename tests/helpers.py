@@ -1,8 +1,11 @@
 """Helpers shared by test modules (conftest.py sets up the test process's own environment)."""
 
+import contextlib
 import os
 import signal
 from pathlib import Path
+
+import fineweb
 
 
 def child_env() -> dict:
@@ -31,8 +34,19 @@ def many_characters(n: int) -> str:
     return "".join(chr(c) for c in range(0x100, 0x100 + n) if not 0xD800 <= c < 0xE000)
 
 
-def default_stop_signals():
-    """A subprocess's preexec_fn: SIGTERM, SIGINT and SIGHUP as a terminal's foreground job has them, whatever the
-    test runner inherited (a suite started under nohup ignores SIGHUP, one started with `&` SIGINT)."""
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_DFL)
+def default_stop_signals() -> dict:
+    """Every stop signal at its default action, as a terminal's foreground job has them, whatever the test runner
+    inherited (a suite started under nohup ignores SIGHUP, one started with `&` SIGINT); returns the handlers it
+    replaced. fineweb.STOP_SIGNALS is the trainer's set too (test_run_files checks). A subprocess's preexec_fn."""
+    return {sig: signal.signal(sig, signal.SIG_DFL) for sig in fineweb.STOP_SIGNALS}
+
+
+@contextlib.contextmanager
+def stop_signals_at_default():
+    """default_stop_signals() in the test process for the block; the previous handlers come back after it."""
+    previous = default_stop_signals()
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

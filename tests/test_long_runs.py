@@ -21,7 +21,7 @@ import torch
 import fineweb
 import run_files
 import train_gpt2
-from helpers import measured
+from helpers import measured, stop_signals_at_default
 from plot import read_log
 from test_train import headers, make_shards, run_train, settings, weights
 from train_gpt2 import GPT, GPTConfig, TrainConfig, get_lr
@@ -175,21 +175,15 @@ def assert_resumes_to(log_dir: Path, straight: Path, data: Path):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-@pytest.fixture
-def hangup_as_at_a_terminal():
-    """SIGHUP's default action for the test, even in a test process started under nohup (which ignores it)."""
-    previous = signal.signal(signal.SIGHUP, signal.SIG_DFL)
-    yield
-    signal.signal(signal.SIGHUP, previous)
-
-
-def test_a_signal_during_start_up_ends_cleanly_before_the_first_step(data, tmp_path, monkeypatch, hangup_as_at_a_terminal):
+def test_a_signal_during_start_up_ends_cleanly_before_the_first_step(data, tmp_path, monkeypatch):
     stop_when(monkeypatch, run_files, "write_header", sig=signal.SIGHUP)
     messages = []
-    result = run_train(messages, **settings(data, tmp_path, max_steps=5))
+    with stop_signals_at_default():  # SIGHUP's default action even in a suite started under nohup (which ignores it)
+        result = run_train(messages, **settings(data, tmp_path, max_steps=5))
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_DFL
     assert result["stopped"] and result["step"] == 0 and result["checkpoint"] is None
     assert "stopped by SIGHUP at step 0" in messages[-1] and "checkpoint: none written" in messages[-1]
-    assert run_files.checkpoint_paths(tmp_path) == [] and signal.getsignal(signal.SIGHUP) == signal.SIG_DFL
+    assert run_files.checkpoint_paths(tmp_path) == []
 
 
 def test_a_signal_during_an_evaluation_cuts_it_short_and_resumes_it(data, tmp_path, monkeypatch, straight):

@@ -1,6 +1,7 @@
 """run_files.py, the plumbing of a run, on its own: the log_dir lock (and filesystems without locks), the GPU peak
-FLOP/s table behind MFU, torchrun's variables and which GPU a process takes; and train_gpt2.setup_distributed, which
-uses the last two. CUDA is simulated (torch.cuda's functions monkeypatched), so this runs on any CPU machine."""
+FLOP/s table behind MFU, torchrun's variables and which GPU a process takes (with train_gpt2.setup_distributed, which
+uses those two), and the stop signals. CUDA is simulated (torch.cuda's functions monkeypatched), so this runs on any
+CPU machine."""
 
 import errno
 import fcntl
@@ -10,8 +11,10 @@ import signal
 import pytest
 import torch
 
+import fineweb
 import run_files
 import train_gpt2
+from helpers import stop_signals_at_default
 from run_files import LOCK_FILE, PEAK_BF16_FLOPS, LogDirLock, cuda_device, gpu_model, mfu_note, peak_flops, torchrun_env
 
 
@@ -296,24 +299,20 @@ def test_a_malformed_torchrun_env_stops_setup_before_the_process_group(gpus, mon
 @pytest.mark.parametrize("name", ["SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1"])
 def test_stop_signal_records_each_stop_request_and_restores_the_handler(name):
     """A scheduler's SIGTERM, Ctrl-C, a closed terminal, SLURM's `--signal=USR1@120` warning: each only asks. (The
-    signal starts at its default action, as at a terminal: a suite run under nohup or `&` inherits it ignored.)"""
+    signals start at their default action, as at a terminal: a suite run under nohup or `&` inherits some ignored.)"""
     sig = getattr(signal, name)
-    before = signal.signal(sig, signal.SIG_DFL)
-    try:
+    with stop_signals_at_default():
         with run_files.StopSignal() as stop:
             os.kill(os.getpid(), sig)
             assert stop.requested == name
         assert signal.getsignal(sig) == signal.SIG_DFL
-    finally:
-        signal.signal(sig, before)
 
 
 def test_stop_signal_records_a_signal_and_leaves_one_started_ignored_alone():
     """A handled signal only sets `requested`; one the process was started ignoring (nohup's SIGHUP) stays ignored
     and is not recorded; every previous handler is back afterwards."""
-    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    try:
+    with stop_signals_at_default():
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as nohup starts a program
         with run_files.StopSignal() as stop:
             assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
             os.kill(os.getpid(), signal.SIGHUP)
@@ -321,6 +320,9 @@ def test_stop_signal_records_a_signal_and_leaves_one_started_ignored_alone():
             os.kill(os.getpid(), signal.SIGTERM)
             assert stop.requested == "SIGTERM"
         assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
-        assert signal.getsignal(signal.SIGTERM) == before[signal.SIGTERM]
-    finally:
-        signal.signal(signal.SIGHUP, before[signal.SIGHUP])
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+def test_the_trainer_and_the_tokeniser_stop_on_the_same_signals():
+    """run_files.StopSignal (torch) and fineweb.py (no torch, so its own copy) agree on what a stop request is."""
+    assert set(run_files.StopSignal.SIGNALS) == fineweb.STOP_SIGNALS
