@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Optional
 from pathlib import Path
 
 import numpy as np
@@ -55,10 +56,11 @@ class Run:
     """A command started in the repository root whose stdout and stderr are collected as they come: a test
     can watch it while it runs."""
 
-    def __init__(self, cmd: list[str]):
+    def __init__(self, cmd: list[str], env: Optional[dict] = None, new_session: bool = False):
         self.cmd = cmd
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env(), stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, preexec_fn=default_stop_signals)
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env or child_env(), stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, preexec_fn=default_stop_signals,
+                                     start_new_session=new_session)  # a group of its own: a terminal's Ctrl-C
         os.set_blocking(self.proc.stdout.fileno(), False)
         self._out = bytearray()
 
@@ -127,8 +129,8 @@ class Runs:
     def __init__(self):
         self.started: list[Run] = []
 
-    def start(self, cmd: list[str]) -> Run:
-        self.started.append(Run(cmd))
+    def start(self, cmd: list[str], **kwargs) -> Run:
+        self.started.append(Run(cmd, **kwargs))
         return self.started[-1]
 
     def train(self, *args) -> Run:
@@ -320,6 +322,29 @@ def test_signal_checkpoints_the_current_step_and_exits_cleanly(sig, data, refere
     assert f"resumed from {saved} at step {last + 1}" in resumed.output()
     assert_same_state(log_dir / f"model_{STEPS:05d}.pt", reference.final())
     assert measured(log_dir) == reference.log()
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_the_first_step_compiles_saves_after_that_step_and_resumes(data, runs, tmp_path):
+    """Ctrl-C to the whole process group (the trainer and torch.compile's compile workers) while the first step is
+    being compiled: the compile and the step finish, a checkpoint of step 1 is written, exit 0 without a
+    traceback; the same command with --resume auto trains the rest."""
+    log_dir = tmp_path / "log"
+    args = flags(data, log_dir, compile="true", max_steps=4, warmup_steps=1, eval_interval=0)
+    cold = {**child_env(), "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1", "TORCHINDUCTOR_COMPILE_THREADS": "2"}
+    run = runs.start([sys.executable, "train_gpt2.py", *args], env=cold, new_session=True)
+    # a child process (inductor's C++ compiler, its compile workers) is the compile at work
+    run.wait_for(lambda: psutil.Process(run.pid).children(recursive=True), "the first step's compile")
+    assert trained_steps(run.output()) == [], "step 0 ended before the signal: nothing was tested"
+    os.killpg(run.pid, signal.SIGINT)
+    assert run.finish() == 0, run.output()[-4000:]
+    out = run.output()
+    assert "Traceback" not in out and trained_steps(out) == [0], out[-4000:]
+    assert "stopped by SIGINT at step 1" in out and checkpoints(log_dir) == ["model_00001.pt"]
+
+    resumed = runs.train(*args, "--resume", "auto")
+    assert resumed.finish() == 0, resumed.output()[-4000:]
+    assert trained_steps(resumed.output()) == [1, 2, 3] and checkpoints(log_dir)[-1] == "model_00004.pt"
 
 
 @pytest.mark.skipif(shutil.which("nohup") is None, reason="no nohup on PATH")
