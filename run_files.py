@@ -12,6 +12,7 @@ imports train_gpt2, so the two cannot form a cycle. Importing it does nothing bu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -675,6 +676,22 @@ class StopSignal:
 
     def _handle(self, signum, frame):
         self.requested = signal.Signals(signum).name  # e.g. "SIGTERM": true, and says which
+
+    @contextlib.contextmanager
+    def held(self):
+        """The stop signals held back (blocked in this thread) for the block, then handled. What the block starts
+        inherits the mask: torch.compile's C++ compiler (Triton's ptxas on a GPU) is not killed half-way by a Ctrl-C
+        or a scheduler's SIGTERM sent to the whole process group, which inductor reports as "no working C++
+        compiler" and the run would end in a traceback. The handler only records a request, so nothing else
+        changes: the loop sees it when the block ends."""
+        if not hasattr(signal, "pthread_sigmask"):  # Windows
+            yield
+            return
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, self.SIGNALS)
+        try:
+            yield
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
     def __exit__(self, *exc):
         for sig, handler in self.previous.items():

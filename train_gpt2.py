@@ -761,18 +761,19 @@ def train(cfg: TrainConfig, log=print) -> dict:
                 t0 = time.time()
                 model.zero_grad(set_to_none=True)
                 loss_accum = torch.zeros((), device=device)
-                for micro_step in range(grad_accum_steps):
-                    x, y = fixed_batch if cfg.overfit_batch else train_loader.next_batch()
-                    x, y = x.to(device), y.to(device)
-                    if ddp:  # all-reduce gradients only on the last micro-step (set before the forward)
-                        model.require_backward_grad_sync = micro_step == grad_accum_steps - 1
-                    with autocast_context(device_type, dtype):
-                        logits, loss = model(x, y)
-                    # The loss is a mean over B*T tokens; dividing by grad_accum_steps makes the summed gradients
-                    # those of the mean over the whole batch.
-                    loss = loss / grad_accum_steps
-                    loss_accum += loss.detach()
-                    loss.backward()
+                with stop.held():  # a stop request waits for the step's end; compilers it starts never see it
+                    for micro_step in range(grad_accum_steps):
+                        x, y = fixed_batch if cfg.overfit_batch else train_loader.next_batch()
+                        x, y = x.to(device), y.to(device)
+                        if ddp:  # all-reduce gradients only on the last micro-step (set before the forward)
+                            model.require_backward_grad_sync = micro_step == grad_accum_steps - 1
+                        with autocast_context(device_type, dtype):
+                            logits, loss = model(x, y)
+                        # The loss is a mean over B*T tokens; dividing by grad_accum_steps makes the summed
+                        # gradients those of the mean over the whole batch.
+                        loss = loss / grad_accum_steps
+                        loss_accum += loss.detach()
+                        loss.backward()
                 if ddp:
                     dist.all_reduce(loss_accum, op=dist.ReduceOp.AVG)  # the loss of the whole batch, on every rank
                 norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg.grad_clip or float("inf"))
