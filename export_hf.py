@@ -1,237 +1,218 @@
 """
-One of our checkpoints as a complete Hugging Face GPT-2 directory: the model (config.json, model.safetensors,
-generation_config.json) and its tokenizer, so that `AutoTokenizer`, `AutoModelForCausalLM`, `pipeline` and
-lm-evaluation-harness load it offline, and it computes exactly what our model computes.
+One of our checkpoints as a Hugging Face GPT-2 directory.
 
     python export_hf.py log/model_19073.pt out/gpt2-ours
 
-The tokenizer is the one the checkpoint was trained with. GPT-2's BPE is written as vocab.json + merges.txt +
-tokenizer.json, built from the vendored assets/gpt2.tiktoken (no download) and giving the same ids as
-fineweb.get_tokenizer(), <|endoftext|> (id 50256) included. A character-level model (`fineweb.py --tokenizer
-char`) gets a tokenizer.json with one token per character, id i = its recorded vocabulary's i-th character.
+OUT_DIR gets what transformers saves of a GPT2LMHeadModel
+(config.json, generation_config.json, model.safetensors) and the
+checkpoint's tokenizer (tokenizer.json, tokenizer_config.json):
+GPT-2's BPE, converted from tiktoken by transformers' own
+TikTokenConverter, or one token per character for a model of a
+`fineweb.py --tokenizer char` corpus. Either gives our ids; the
+text <|endoftext|> is its one id 50256, as in tiktoken's
+encode(text, allowed_special="all"). The token table's padding
+rows (50,304 -> 50,257) are dropped: no text has those ids. The
+run's dropout goes into config.json (for fine-tuning).
 
-The token table's padding rows (50,257 real ids padded to 50,304 for speed) are dropped: no tokenizer produces
-those ids. The run's dropout goes into config.json (for fine-tuning; evaluation turns it off). The directory is
-written complete under a temporary name and then renamed; an existing non-empty OUT_DIR is never touched.
+Use it as any Hugging Face model, offline:
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    model = AutoModelForCausalLM.from_pretrained("out/gpt2-ours")
+    tokenizer = AutoTokenizer.from_pretrained("out/gpt2-ours")
+
+    from transformers import pipeline
+    generate = pipeline("text-generation", model="out/gpt2-ours")
+    print(generate("Hello, I'm a language model,"))
+
+    lm_eval --model hf --model_args pretrained=out/gpt2-ours \\
+        --tasks hellaswag
+
+The directory is written under a temporary name beside OUT_DIR,
+loaded back and checked: its logits must be ours and its tokenizer
+must give our ids. A model that GPT-2's format cannot hold (another
+activation, an untied head, capped logits, other modules) is
+refused in one line. Only then is it renamed to OUT_DIR; an
+existing non-empty OUT_DIR is never touched.
 """
 
-from __future__ import annotations
-
-import functools
-import json
+import argparse
 import os
 import shutil
+import signal
 import sys
 from pathlib import Path
-from typing import Optional
-
-from fineweb import CharTokenizer, tokenizer_from_manifest
-from run_files import Parser, load_checkpoint, write_error
-from train_gpt2 import HF_TRANSPOSED, GPTConfig
-
-EOT = "<|endoftext|>"
 
 
-def to_hf_state_dict(our_sd: dict, keep_vocab: Optional[int] = None) -> dict:
-    """Inverse of train_gpt2.convert_hf_state_dict: Conv1D weights transposed back; token-table rows >= keep_vocab
-    dropped (the padding of a 50304-row table, ids the tokenizer never produces)."""
-    out = {}
-    for key, value in our_sd.items():
-        value = value.detach()
-        if key in ("transformer.wte.weight", "lm_head.weight") and keep_vocab is not None:
-            value = value[:keep_vocab]
-        out[key] = (value.t() if key.endswith(HF_TRANSPOSED) else value).contiguous()
-    return out
+# A stop signal: one line, and out at once (an exception could land inside
+# transformers' lazy imports, which turn it into a traceback). OUT_DIR is
+# untouched; a temporary directory being written stays behind, hidden.
+def stop(signum, frame):
+    os.write(2, f"export_hf.py: stopped by {signal.Signals(signum).name}\n".encode())
+    os._exit(1)
 
 
-# ----------------------------------------------------------------------------------------------------------
-# Tokenizer files
+if __name__ == "__main__":
+    # before torch loads (seconds); one the program was started ignoring (nohup) stays so
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):
+        if signal.getsignal(sig) != signal.SIG_IGN:
+            signal.signal(sig, stop)
+
+import torch  # noqa: E402
+
+import fineweb  # noqa: E402
+import train_gpt2  # noqa: E402
 
 
-def byte_symbols() -> list[str]:
-    """GPT-2's printable stand-in for each byte (index = byte value), the alphabet of vocab.json and merges.txt:
-    printable Latin-1 bytes stand for themselves, the other 68 (controls, space, soft hyphen...) take U+0100
-    onwards in byte order, so no token is written with whitespace or control characters."""
-    printable = {*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)}
-    symbols, extra = [], 0
-    for b in range(256):
-        if b in printable:
-            symbols.append(chr(b))
-        else:
-            symbols.append(chr(256 + extra))
-            extra += 1
-    return symbols
-
-
-def _bpe(token: bytes, ranks: dict[bytes, int], below: int) -> list[bytes]:
-    """The pieces tiktoken's byte-pair encoding makes of `token` using only the tokens ranked below `below`: merge
-    the adjacent pair whose concatenation ranks lowest (the leftmost on a tie) until none is left, or two remain."""
-    parts = [token[i : i + 1] for i in range(len(token))]
-    while len(parts) > 2:
-        best, at = below, -1
-        for i in range(len(parts) - 1):
-            rank = ranks.get(parts[i] + parts[i + 1], below)
-            if rank < best:
-                best, at = rank, i
-        if at < 0:
-            break
-        parts[at : at + 2] = [parts[at] + parts[at + 1]]
-    return parts
-
-
-def bpe_merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
-    """The merge list equivalent to tiktoken's mergeable ranks: the token of rank r (r >= 256) is made by the
-    (r - 256)-th merge, of the two pieces that BPE with the lower-ranked tokens leaves of it. Ranks 0..255 must be
-    the 256 single bytes."""
-    by_rank = sorted(ranks.items(), key=lambda item: item[1])
-    single_bytes = all(len(token) == 1 for token, _ in by_rank[:256])
-    if not single_bytes or [rank for _, rank in by_rank] != list(range(len(by_rank))):
-        raise ValueError("not a byte-level BPE vocabulary: ranks 0..255 must be the single bytes, then 256, 257, ...")
-    merges = []
-    for token, rank in by_rank[256:]:
-        pieces = _bpe(token, ranks, rank)
-        if len(pieces) != 2:
-            raise ValueError(f"token {token!r} (rank {rank}) is not a merge of two lower-ranked tokens")
-        merges.append((pieces[0], pieces[1]))
-    return merges
-
-
-def _json(data) -> str:
-    return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
-
-
-@functools.lru_cache(maxsize=4)  # a second export in the same process skips the 50,000 merges (~1 s)
-def _vocab_and_merges(enc) -> tuple[dict[str, int], tuple[tuple[str, str], ...]]:
-    """enc's tokens spelled in GPT-2's byte symbols -> id (<|endoftext|> included), and its merges so spelled."""
-    ranks = {token: enc.encode_single_token(token) for token in enc.token_byte_values()}
-    symbols = byte_symbols()
-    spell = lambda token: "".join(symbols[b] for b in token)  # noqa: E731
-    vocab = {spell(token): rank for token, rank in sorted(ranks.items(), key=lambda item: item[1])}
-    vocab[EOT] = enc.eot_token
-    return vocab, tuple((spell(a), spell(b)) for a, b in bpe_merges(ranks))
-
-
-def gpt2_tokenizer_files(enc, block_size: int) -> dict[str, str]:
-    """{file name: text} of GPT-2's tokenizer for transformers (GPT2Tokenizer / GPT2TokenizerFast): vocab.json,
-    merges.txt, tokenizer.json and the configs, from enc = fineweb.get_tokenizer(). Ids are enc's ranks; the
-    special token <|endoftext|> is bos, eos and unk; model_max_length is the model's context."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
-
-    vocab, merges = _vocab_and_merges(enc)
-
-    # GPT-2's pipeline: split the text with its regex (ByteLevel's default is the same one), spell the bytes
-    # with the symbols, BPE; decoding maps the symbols back to bytes.
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=list(merges), continuing_subword_prefix="", end_of_word_suffix="",
-                               fuse_unk=False))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tok.decoder = decoders.ByteLevel()
-    tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    tok.add_special_tokens([AddedToken(EOT, special=True, normalized=False)])
-
-    special = {"bos_token": EOT, "eos_token": EOT, "unk_token": EOT}
-    config = {"tokenizer_class": "GPT2Tokenizer", "model_max_length": block_size, **special,
-              "add_prefix_space": False, "add_bos_token": False, "clean_up_tokenization_spaces": False,
-              "errors": "replace"}
-    return {"vocab.json": _json(vocab),
-            "merges.txt": "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges),
-            "tokenizer.json": tok.to_str(pretty=True),
-            "tokenizer_config.json": _json(config),
-            "special_tokens_map.json": _json(special)}
-
-
-def char_tokenizer_files(chars: str, block_size: int) -> dict[str, str]:
-    """{file name: text} of a one-token-per-character tokenizer (PreTrainedTokenizerFast over tokenizer.json): id i
-    is chars[i]; every character is its own token, spaces and newlines included; decoding joins them back as they
-    were. A character outside chars is an error, as with fineweb.CharTokenizer. There is no special token."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-
-    CharTokenizer(chars)  # the same checks: non-empty, sorted, unique
-    tok = Tokenizer(models.WordLevel({c: i for i, c in enumerate(chars)}, unk_token="\0unknown"))
-    # [\s\S]: any one code point, newline included (a bare . would skip newlines)
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    tok.decoder = decoders.Fuse()  # concatenate, no spaces in between
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": block_size,
-              "clean_up_tokenization_spaces": False}
-    return {"tokenizer.json": tok.to_str(pretty=True), "tokenizer_config.json": _json(config),
-            "special_tokens_map.json": _json({})}
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Export
-
-
-def checkpoint_tokenizer(ckpt: dict, where: str):
-    """The tokenizer a checkpoint was trained with (GPT-2's when it records none), as a ValueError naming where."""
-    info = ckpt.get("tokenizer") or {}
-    if not isinstance(info, dict):
-        raise ValueError(f"{where}: its 'tokenizer' entry is a {type(info).__name__}, not a dict")
+def load(checkpoint_path):
+    # (our model in eval mode, its tokenizer), or a one-line ValueError
+    ckpt = train_gpt2.load_checkpoint(checkpoint_path)
     try:
-        return tokenizer_from_manifest(info)
-    except ValueError as e:
-        raise ValueError(f"{where}: {e}") from None
+        model = train_gpt2.GPT(train_gpt2.GPTConfig(**ckpt["model_config"]))
+        model.load_state_dict(ckpt["model"])
+        enc = fineweb.tokenizer_from_manifest(ckpt["tokenizer"])
+    except (KeyError, TypeError, AttributeError, RuntimeError) as e:
+        raise ValueError(
+            f"{checkpoint_path} is not a checkpoint of train_gpt2.py's GPT ({e})"
+        ) from None
+    if model.config.vocab_size < enc.n_vocab:
+        raise ValueError(f"{checkpoint_path}: fewer token rows than its tokenizer's ids")
+    return model.eval(), enc
 
 
-def export_hf(checkpoint_path: str | os.PathLike, out_dir: str | os.PathLike, with_tokenizer: bool = True) -> Path:
-    """Write one of our checkpoints, with its tokenizer, as a directory that transformers' Auto classes load.
-    with_tokenizer=False writes the model alone, for a caller that tokenises itself (play.ipynb): then a model
-    whose vocabulary no known tokenizer fits is exported too."""
-    out = Path(out_dir)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ValueError(f"{out} already exists and is not an empty directory; choose a new OUT_DIR")
-    ckpt = load_checkpoint(checkpoint_path)
-    c = GPTConfig(**ckpt["model_config"])
-    enc = checkpoint_tokenizer(ckpt, str(checkpoint_path))
-    if with_tokenizer and c.vocab_size < enc.n_vocab:
-        recorded = "it records" if (ckpt.get("tokenizer") or {}).get("tokenizer") else "assumed (it records none)"
-        raise ValueError(f"{checkpoint_path}: the model has {c.vocab_size} token rows, fewer than the "
-                         f"{enc.n_vocab} ids of the {enc.name} tokenizer {recorded}; an export needs a tokenizer "
-                         f"that fits the model")
-    from transformers import GPT2Config, GPT2LMHeadModel  # heavy; only when asked for
+def hf_model(model, n_vocab, eot):
+    # A GPT2LMHeadModel with our shape, dropout and weights, its token
+    # table cut to the tokenizer's n_vocab rows (50304 -> 50257). What it
+    # cannot hold of ours shows in its logits (check_export).
+    from transformers import GPT2Config, GPT2LMHeadModel
 
-    vocab = min(c.vocab_size, enc.n_vocab)  # 50304 -> 50257: the padding rows are dropped
-    eot = enc.eot_token if enc.eot_token is not None and enc.eot_token < vocab else None  # characters: none
-    config = GPT2Config(vocab_size=vocab, n_positions=c.block_size, n_ctx=c.block_size, n_embd=c.n_embd,
-                        n_layer=c.n_layer, n_head=c.n_head, activation_function="gelu_new",
-                        resid_pdrop=c.dropout, embd_pdrop=c.dropout, attn_pdrop=c.dropout,
-                        bos_token_id=eot, eos_token_id=eot, tie_word_embeddings=True)
+    c = model.config
+    config = GPT2Config(
+        vocab_size=c.vocab_size,
+        n_positions=c.block_size,
+        n_embd=c.n_embd,
+        n_layer=c.n_layer,
+        n_head=c.n_head,
+        activation_function="gelu_new",  # GELU, tanh approximation
+        resid_pdrop=c.dropout,
+        embd_pdrop=c.dropout,
+        attn_pdrop=c.dropout,
+        bos_token_id=eot,
+        eos_token_id=eot,
+        tie_word_embeddings=True,
+    )
     hf = GPT2LMHeadModel(config)
-    result = hf.load_state_dict(to_hf_state_dict(ckpt["model"], vocab), strict=False)
-    if result.missing_keys or result.unexpected_keys:
-        raise ValueError(f"{checkpoint_path} does not map onto GPT-2: missing {result.missing_keys[:10]}, "
-                         f"unexpected {result.unexpected_keys[:10]}")
-    files = {}
-    if with_tokenizer:
-        files = (char_tokenizer_files(enc.chars, c.block_size) if isinstance(enc, CharTokenizer)
-                 else gpt2_tokenizer_files(enc, c.block_size))
-    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")  # complete, then renamed: never a half export
+    # GPT-2's names; its Conv1D keeps (in, out), a Linear's transpose
+    sd = {}
+    for key, value in model.state_dict().items():
+        sd[key] = value.t() if key.endswith(train_gpt2.HF_TRANSPOSED) else value
     try:
-        hf.save_pretrained(tmp)
-        for name, text in files.items():
-            (tmp / name).write_text(text, encoding="utf-8")
+        hf.load_state_dict(sd, strict=False)
+    except RuntimeError:
+        raise ValueError("GPT-2's format cannot hold this model: weights of other shapes") from None
+    hf.resize_token_embeddings(n_vocab)  # the first n_vocab rows
+    return hf
+
+
+def gpt2_tokenizer(enc, block_size):
+    # GPT-2's BPE as transformers converts a tiktoken vocabulary
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    converter = TikTokenConverter(enc, enc._pat_str, extra_special_tokens=enc._special_tokens)
+    # the ranks of enc itself (transformers' convert_tiktoken_to_fast reads
+    # the same ones back from a file that it writes first)
+    converter.load_tiktoken_bpe = lambda enc: enc._mergeable_ranks
+    return PreTrainedTokenizerFast(
+        tokenizer_object=converter.converted(),
+        bos_token="<|endoftext|>",
+        eos_token="<|endoftext|>",
+        unk_token="<|endoftext|>",
+        model_max_length=block_size,
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def char_tokenizer(enc, block_size):
+    # one token per character, id i = enc.chars[i]; another character is
+    # an error, as with fineweb.CharTokenizer
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {c: i for i, c in enumerate(enc.chars)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    # [\s\S]: any one character, newlines too
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), "isolated")
+    tok.decoder = decoders.Fuse()  # joined back with nothing between
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, model_max_length=block_size, clean_up_tokenization_spaces=False
+    )
+
+
+@torch.no_grad()
+def check_export(model, enc, out):
+    # The directory, loaded back by transformers, computes our logits on
+    # fixed random ids (2, T), within float32 rounding (1e-4 of the largest
+    # logit), and tokenizes their text as we do; or a ValueError.
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    hf = AutoModelForCausalLM.from_pretrained(out).eval()
+    T = min(64, model.config.block_size)
+    generator = torch.Generator().manual_seed(0)
+    idx = torch.randint(0, enc.n_vocab, (2, T), generator=generator)
+    ours = model(idx)[0][..., : enc.n_vocab]  # (2, T, n_vocab)
+    diff = (hf(idx).logits - ours).abs().max().item()
+    if not diff <= 1e-4 * max(1.0, ours.abs().max().item()):
+        raise ValueError(
+            f"GPT-2's format cannot hold this model: its logits differ from ours by {diff:.3g}"
+            " (another activation, an untied head, capped logits or other modules?)"
+        )
+    text = enc.decode(idx[0].tolist())
+    theirs = AutoTokenizer.from_pretrained(out)(text)["input_ids"]
+    if theirs != enc.encode(text, allowed_special="all"):
+        raise ValueError("the exported tokenizer gives other ids than ours")
+
+
+# Write checkpoint_path (a model_*.pt of train_gpt2.py) as a Hugging Face
+# GPT-2 directory out_dir, checked; returns its Path. A ValueError or an
+# OSError (one line) leaves nothing behind.
+def export_hf(checkpoint_path, out_dir):
+    out = Path(out_dir).resolve()
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ValueError(f"{out} exists and is not an empty directory; pick a new OUT_DIR")
+    model, enc = load(checkpoint_path)
+    chars = isinstance(enc, fineweb.CharTokenizer)
+    tokenizer = (char_tokenizer if chars else gpt2_tokenizer)(enc, model.config.block_size)
+    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+    try:
+        hf_model(model, enc.n_vocab, enc.eot_token).save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        check_export(model, enc, tmp)
+        # on disk before the rename makes it visible
+        for path in tmp.iterdir():
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
         os.replace(tmp, out)
-    except Exception as e:  # an OSError, or safetensors' own error when the disk is full
-        raise OSError(f"could not write {out} ({write_error(e)}); nothing was left behind") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
 def main(argv=None):
-    parser = Parser(prog="export_hf.py", description="Write a checkpoint and its tokenizer as a Hugging Face GPT-2 "
-                    "directory.")
-    parser.add_argument("checkpoint", help="a model_*.pt written by training")
-    parser.add_argument("out_dir", help="directory for the model and tokenizer files (must not exist, or be empty)")
+    parser = argparse.ArgumentParser(
+        prog="export_hf.py",
+        usage=argparse.SUPPRESS,
+        description="Write a checkpoint as a Hugging Face GPT-2 directory (model, tokenizer).",
+    )
+    parser.add_argument("checkpoint", help="a model_*.pt that train_gpt2.py wrote")
+    parser.add_argument("out_dir", help="the directory to write (new, or empty)")
     args = parser.parse_args(argv)
-    if not args.out_dir:
-        parser.error("OUT_DIR is an empty path")
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # a one-file "Writing model shards" bar: stderr keeps errors only
+    # transformers' warnings and progress bars would bury the one line
+    os.environ.update(TRANSFORMERS_VERBOSITY="error", HF_HUB_DISABLE_PROGRESS_BARS="1")
     try:
         out = export_hf(args.checkpoint, args.out_dir)
     except (ValueError, OSError) as e:
         sys.exit(f"export_hf.py: error: {' '.join(str(e).split())}")
-    print(f"wrote {out}: load it with AutoTokenizer / AutoModelForCausalLM.from_pretrained, or pipeline")
+    print(f"wrote {out}: load it with AutoModelForCausalLM.from_pretrained({str(out)!r})")
 
 
 if __name__ == "__main__":

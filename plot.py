@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 # the panel a kind is drawn on (by default its own)
@@ -137,9 +138,14 @@ def write_curves(log_dir, out=None, references=None, warn=None):
     return out
 
 
-def refresh(log_dir, warn):
-    """write_curves during training: a plot never stops a run
-    (matplotlib missing, a full disk): warn() is told instead."""
+def refresh(log_dir, warn, force=False):
+    """write_curves during training, at most once a minute
+    unless forced (a run's end): drawing takes about a second.
+    A plot never stops a run (matplotlib missing, a full
+    disk): warn() is told instead."""
+    out = Path(log_dir) / "curves.png"
+    if not force and out.exists() and time.time() - out.stat().st_mtime < 60:
+        return
     try:
         write_curves(log_dir, warn=warn)
     except Exception as e:

@@ -32,13 +32,20 @@ from pathlib import Path
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
 
 
-# A stop request before train() takes the signals over (while torch loads) ends the program at
-# once: nothing is written yet. A signal the program was started ignoring (nohup's SIGHUP) stays
-# ignored, here and in train().
+def exit_quietly(signum, frame):
+    # A stop request before train() takes the signals over (while torch loads) ends the program:
+    # nothing is written yet. Later ones are ignored: Python's shutdown would hand the signals
+    # back their default action, which kills the process.
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    sys.exit(0)
+
+
+# A signal the program was started ignoring (nohup's SIGHUP) stays ignored, here and in train().
 if __name__ == "__main__":
     for sig in STOP_SIGNALS:
         if signal.getsignal(sig) != signal.SIG_IGN:
-            signal.signal(sig, lambda signum, frame: sys.exit(0))
+            signal.signal(sig, exit_quietly)
 
 import numpy as np
 import torch
@@ -117,9 +124,11 @@ class TrainConfig:
         for name, value in dataclasses.asdict(self).items():
             if type(value) in (int, float) and not 0 <= value < math.inf:
                 raise ValueError(f"--{name} must be a finite number >= 0, got {value}")
-        shape = [self.n_layer, self.n_head, self.n_embd, self.batch_size, self.seq_len]
         rules = [
-            (min(shape) > 0, "--n_layer, --n_head, --n_embd, --batch_size, --seq_len must be > 0"),
+            (
+                min(self.n_layer, self.n_head, self.n_embd, self.batch_size, self.seq_len) > 0,
+                "--n_layer, --n_head, --n_embd, --batch_size, --seq_len must be > 0",
+            ),
             (self.max_steps and self.max_lr and self.sample_length, "a positive flag is 0"),
             (self.n_embd % self.n_head == 0, "--n_embd must be a multiple of --n_head"),
             (
@@ -232,7 +241,6 @@ class CausalSelfAttention(nn.Module):
             k, v = kv_cache.update(self.layer, k, v)  # (B, nh, past + T, hs)
         # Causal: a query sees itself and what precedes it. A cache is filled with a whole
         # prompt from position 0 (causal as usual), then fed one token, which sees them all.
-        assert T == 1 or k.size(2) == T, "a KV cache takes a prompt, then one token a call"
         dropout_p = self.resid_dropout.p if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1, dropout_p=dropout_p)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side again
@@ -262,8 +270,7 @@ class Block(nn.Module):
     def forward(self, x, kv_cache=None):
         # pre-norm: the residual stream itself is never normalised
         x = x + self.attn(self.ln_1(x), kv_cache)
-        x = x + self.mlp(self.ln_2(x))
-        return x
+        return x + self.mlp(self.ln_2(x))
 
 
 # OpenAI's checkpoints keep these weights in Conv1D modules: (in, out), a Linear's transpose.
@@ -292,12 +299,9 @@ class GPT(nn.Module):
         # GPT-2's init: N(0, 0.02) weights, zero biases; LayerNorms keep their ones and zeros.
         # The two projections per block that add to the residual stream (c_proj) are scaled
         # down, so that the stream's variance stays O(1) however deep the model.
-        std = 0.02
-        residual = [b.attn.c_proj for b in self.transformer.h] + [
-            b.mlp.c_proj for b in self.transformer.h
-        ]
-        if module in residual:
-            std *= (2 * self.config.n_layer) ** -0.5
+        residual = [b.attn.c_proj for b in self.transformer.h]
+        residual += [b.mlp.c_proj for b in self.transformer.h]
+        std = 0.02 * (2 * self.config.n_layer) ** -0.5 if module in residual else 0.02
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=std)
         if isinstance(module, nn.Linear) and module.bias is not None:
@@ -309,7 +313,6 @@ class GPT(nn.Module):
         # positions. Every use of the model (training, val, sampling, HellaSwag) comes here.
         B, T = idx.size()
         past = 0 if kv_cache is None else kv_cache.pos
-        assert past + T <= self.config.block_size, f"{past + T} tokens > block_size"
         pos = torch.arange(past, past + T, dtype=torch.long, device=idx.device)  # (T,)
         tok_emb = self.transformer.wte(idx)  # (B, T, C)
         pos_emb = self.transformer.wpe(pos)  # (T, C)
@@ -320,10 +323,9 @@ class GPT(nn.Module):
             kv_cache.pos += T
         x = self.transformer.ln_f(x)
         logits = self.lm_head(x)  # (B, T, vocab)
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
-        return logits, loss
+        if targets is None:
+            return logits, None
+        return logits, F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
     @classmethod
     def from_pretrained(cls, name_or_dir, dropout=0.0):
@@ -332,19 +334,19 @@ class GPT(nn.Module):
 
         hf = GPT2LMHeadModel.from_pretrained(name_or_dir)
         c = hf.config
-        # what our model hard-codes: another value would load and compute another model
-        if (
-            c.activation_function not in ("gelu_new", "gelu_pytorch_tanh")
-            or not c.tie_word_embeddings
-        ):
-            raise ValueError(f"{name_or_dir}: not GPT-2's activation and tied head")
-        config = GPTConfig(c.n_positions, c.vocab_size, c.n_layer, c.n_head, c.n_embd, dropout)
-        model = cls(config)
+        model = cls(GPTConfig(c.n_positions, c.vocab_size, c.n_layer, c.n_head, c.n_embd, dropout))
         sd = model.state_dict()
         # the causal-mask buffers of older transformers versions are not weights
         sd_hf = {k: v for k, v in hf.state_dict().items() if not k.endswith(".attn.bias")}
-        if sd_hf.keys() != sd.keys() or c.layer_norm_epsilon != 1e-5:
-            raise ValueError(f"{name_or_dir}: its weights are not GPT-2's modules")
+        # what our model hard-codes: another value would load and compute another model
+        gelu = c.activation_function in ("gelu_new", "gelu_pytorch_tanh")
+        if (
+            not gelu
+            or not c.tie_word_embeddings
+            or c.layer_norm_epsilon != 1e-5
+            or sd_hf.keys() != sd.keys()
+        ):
+            raise ValueError(f"{name_or_dir}: not GPT-2 (its activation, head, norms or modules)")
         with torch.no_grad():
             for k, w in sd_hf.items():
                 sd[k].copy_(w.t() if k.endswith(HF_TRANSPOSED) else w)
@@ -363,8 +365,10 @@ class GPT(nn.Module):
             {"params": [p for p in rest if p.dim() >= 2], "weight_decay": weight_decay},
             {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0},
         ]
-        fused = device_type == "cuda"
-        adamw = torch.optim.AdamW(groups, lr=learning_rate, betas=(0.9, beta2), fused=fused)
+        # the fused kernel on a GPU: one launch for every parameter
+        adamw = torch.optim.AdamW(
+            groups, lr=learning_rate, betas=(0.9, beta2), fused=device_type == "cuda"
+        )
         if not muon:
             return [adamw]
         # decoupled decay scaled so that a step shrinks the weights as AdamW's step does
@@ -423,10 +427,9 @@ def load_shards(data_root, split, manifest):
     # the split's shards (memory-mapped), each checked against manifest.json
     shards = []
     for entry in [e for e in manifest["shards"] if e["split"] == split]:
-        path = Path(data_root) / entry["file"]
-        tokens = np.load(path, mmap_mode="r")
+        tokens = np.load(Path(data_root) / entry["file"], mmap_mode="r")
         if tokens.dtype != np.uint16 or tokens.shape != (entry["tokens"],):
-            raise ValueError(f"{path} changed since fineweb.py wrote it; rerun fineweb.py")
+            raise ValueError(f"{entry['file']} changed since fineweb.py wrote it; rerun fineweb.py")
         shards.append(tokens)
     if not shards:
         raise ValueError(f"no {split} shards in {data_root}; run fineweb.py")
@@ -437,11 +440,8 @@ def windows(shards, n, offset=0):
     # (shard, start) of every window of n + 1 tokens at stride n from `offset` in each shard:
     # consecutive windows share a token (the last target of one, the first input of the next);
     # a shard's last tokens that fill no window are not read
-    rows = []
-    for k, shard in enumerate(shards):
-        starts = np.arange(offset, len(shard) - n, n, dtype=np.int64)
-        rows.append(np.stack([np.full_like(starts, k), starts], axis=1))
-    return np.concatenate(rows)
+    starts = [np.arange(offset, len(shard) - n, n, dtype=np.int64) for shard in shards]
+    return np.concatenate([np.stack([np.full_like(s, k), s], axis=1) for k, s in enumerate(starts)])
 
 
 class DataLoaderLite:
@@ -462,11 +462,10 @@ class DataLoaderLite:
         self.shuffle = shuffle
         self.seed = seed
         self.device = device
-        self.windows = len(windows(shards, B * T))  # per epoch, on the grid from 0
         # the fewest windows an epoch can hold: on a grid moved by B*T - 1 (shuffle)
         if len(windows(shards, B * T, B * T - 1 if shuffle else 0)) < world:
             raise ValueError(
-                f"the train split holds too few windows of B x T + 1 tokens for {world} rank(s)"
+                f"the shards hold fewer windows of B x T + 1 tokens than ranks ({world})"
             )
         self.epoch = 0
         self.pos = 0  # windows of this epoch the world has read
@@ -482,24 +481,23 @@ class DataLoaderLite:
         shard_order = rng.permutation(len(self.shards))
         return np.concatenate([rng.permutation(grid[grid[:, 0] == k]) for k in shard_order])
 
-    def next_batch(self):
-        epoch = self.epoch
-        i = self.pos + self.rank
-        # a step may straddle two epochs: past this one's end come the next one's windows
+    def locate(self, epoch, i):
+        # (epoch, index) of window i of `epoch`, counted on into the next epochs past its end:
+        # a step may straddle two epochs
         while i >= len(self.order(epoch)):
             i -= len(self.order(epoch))
             epoch += 1
+        return epoch, i
+
+    def next_batch(self):
+        epoch, i = self.locate(self.epoch, self.pos + self.rank)
         shard, start = self.order(epoch)[i]
-        self.pos += self.world
-        while self.pos >= len(self.order(self.epoch)):
-            self.pos -= len(self.order(self.epoch))
-            self.epoch += 1
+        self.epoch, self.pos = self.locate(self.epoch, self.pos + self.world)
         window = self.shards[shard][start : start + self.B * self.T + 1]
         buf = torch.from_numpy(window.astype(np.int64))
         # From pinned memory the copy is asynchronous: the CPU goes on to prepare the next batch
         # while the GPU still works on this one.
-        if self.device.startswith("cuda"):
-            buf = buf.pin_memory()
+        buf = buf.pin_memory() if self.device.startswith("cuda") else buf
         buf = buf.to(self.device, non_blocking=True)
         x = buf[:-1].view(self.B, self.T)  # inputs
         y = buf[1:].view(self.B, self.T)  # targets
@@ -515,18 +513,6 @@ class DataLoaderLite:
         # (check_resumable has checked that the data and its batching are the checkpoint's)
         self.epoch = state["epoch"]
         self.pos = state["pos"]
-
-
-def val_bytes(shards, val_steps, B, T, byte_lengths):
-    # UTF-8 bytes of the text of the val targets: bits per byte = loss * tokens / (ln 2 * bytes),
-    # a measure that does not depend on the tokenizer
-    val_windows = windows(shards, B * T)[:val_steps]
-    if len(val_windows) < val_steps:
-        raise ValueError("--val_tokens is more than the val split holds")
-    total = 0
-    for k, start in val_windows:
-        total += int(byte_lengths[shards[k][start + 1 : start + B * T + 1]].sum())
-    return total
 
 
 # -----------------------------------------------------------------------------
@@ -571,32 +557,11 @@ def setup_distributed(device):
     if device.startswith("cuda"):
         torch.cuda.set_device(device)
     if ddp:
-        backend = "nccl" if device.startswith("cuda") else "gloo"
+        cuda = device.startswith("cuda")
         dist.init_process_group(
-            backend, device_id=torch.device(device) if backend == "nccl" else None
+            "nccl" if cuda else "gloo", device_id=torch.device(device) if cuda else None
         )
     return ddp, rank, local_rank, world_size, device
-
-
-# Dense bf16 peak FLOP/s of one GPU (vendors' datasheets), MFU's denominator: first match wins.
-PEAK_FLOPS = [
-    ("H100 PCIe", 756e12),
-    ("H100 NVL", 835e12),
-    ("H200 NVL", 835e12),
-    ("GH200", 989e12),
-    ("H100", 989e12),
-    ("H200", 989e12),
-    ("B200", 2250e12),
-    ("A100", 312e12),
-]
-
-
-def peak_flops(device):
-    # one device's peak FLOP/s from PEAK_FLOPS (None: no MFU; a MIG slice has a share of it)
-    if not device.startswith("cuda"):
-        return None
-    name = torch.cuda.get_device_name(device)
-    return next((peak for model, peak in PEAK_FLOPS if model in name and "MIG" not in name), None)
 
 
 # -----------------------------------------------------------------------------
@@ -604,19 +569,19 @@ def peak_flops(device):
 
 
 @torch.no_grad()
-def evaluate_val_loss(model, val_loader, val_steps, dtype):
+def evaluate_val_loss(model, val_loader, val_steps, amp=None):
     # The mean loss over the val split's first val_steps windows of B*T + 1 tokens, as
     # build-nanogpt scores it. Window i is rank i % world's, so the tokens are the same for any
-    # world size; the sum stays on the device (no host sync until the end).
+    # world size; the sum stays on the device (no host sync until the end). amp: an autocast
+    # dtype (torch.bfloat16) or None.
     val_loader.load_state_dict({"epoch": 0, "pos": 0})
-    device = val_loader.device
-    sums = torch.zeros(2, device=device)  # summed batch losses, batches
+    sums = torch.zeros(2, device=val_loader.device)  # summed batch losses, batches
     model.eval()
     for _ in range(val_loader.rank, val_steps, val_loader.world):
         x, y = val_loader.next_batch()
-        with torch.autocast(device.split(":")[0], torch.bfloat16, enabled=dtype == "bfloat16"):
+        with torch.autocast(x.device.type, amp, enabled=amp is not None):
             _, loss = model(x, y)
-        sums += torch.stack([loss.float(), torch.ones((), device=device)])
+        sums += torch.stack([loss.float(), torch.ones_like(sums[0])])
     model.train()
     if dist.is_initialized():
         dist.all_reduce(sums)
@@ -719,7 +684,6 @@ def lock_log_dir(log_dir, log):
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        lock.close()
         raise ValueError(f"{log_dir} is in use by another run; pick another --log_dir") from None
     except OSError as e:
         log(f"warning: no file locks in {log_dir} ({e.strerror}): keep other runs out of it")
@@ -778,10 +742,11 @@ def build_model(cfg, enc):
 
 class Metrics:
     # Every metric goes through report(): a line on stdout, `step kind value` lines in log.txt
-    # (kept open, one whole write per report) and wandb. Rank 0 only.
+    # (kept open, one whole write per report) and wandb.
 
     def __init__(self, log_dir, wandb_run, log):
-        self.file = open(Path(log_dir) / "log.txt", "a")
+        # (log_dir None: another rank's, whose metrics go nowhere)
+        self.file = open(Path(log_dir) / "log.txt" if log_dir else os.devnull, "a")
         self.wandb_run = wandb_run
         self.log = log
 
@@ -797,41 +762,43 @@ def train(cfg, log=print):
     # Train as configured (one process, or one rank of a torchrun launch); the final metrics.
     with StopSignal() as stop:
         ddp, rank, local_rank, world_size, device = setup_distributed(cfg.device)
-        lock = lock_log_dir(Path(cfg.log_dir), log) if rank == 0 else None
+        # rank 0 holds the lock; the others hold nothing (os.devnull)
+        lock = lock_log_dir(Path(cfg.log_dir), log) if rank == 0 else open(os.devnull)
         try:
-            return run(cfg, stop, rank, world_size, device, log if rank == 0 else lambda *a: None)
+            return run(
+                cfg, stop, ddp, rank, world_size, device, log if rank == 0 else lambda *a: None
+            )
         finally:
-            if lock is not None:
-                lock.close()
+            lock.close()
             if ddp:
                 dist.destroy_process_group()
 
 
-def run(cfg, stop, rank, world_size, device, log):
+def run(cfg, stop, ddp, rank, world_size, device, log):
     device_type = device.split(":")[0]
     master_process = rank == 0
-    ddp = dist.is_initialized()
     B = cfg.batch_size
     T = cfg.seq_len
     # the batch arithmetic: B x T tokens per micro-step and rank, accumulated to the total
     if cfg.total_batch_size % (B * T * world_size):
         raise ValueError(f"--total_batch_size is not a multiple of B x T x {world_size} ranks")
     grad_accum_steps = cfg.total_batch_size // (B * T * world_size)
-    log(f"{cfg.total_batch_size:,} tokens a step: {B} x {T} x {world_size} x {grad_accum_steps}")
 
     # data: what fineweb.py wrote, checked against its manifest
     manifest = fineweb.load_corpus(cfg.data_root)
-    log(manifest.get("note", f"data: {cfg.data_root}, {manifest.get('dataset')}"))
     enc = fineweb.tokenizer_from_manifest(manifest)
     data = {"tokenizer": fineweb.tokenizer_info(enc), "fingerprint": manifest["fingerprint"]}
     train_shards = load_shards(cfg.data_root, "train", manifest)
-    val_shards = load_shards(cfg.data_root, "val", manifest)
+    # val: the first val_tokens + 1 tokens of the val split (fineweb.py makes it one shard), read
+    # in windows of B*T + 1; bits per byte = loss * tokens / (ln 2 * the targets' UTF-8 bytes)
+    val_shard = load_shards(cfg.data_root, "val", manifest)[0]
+    if cfg.eval_interval and cfg.val_tokens >= len(val_shard):
+        raise ValueError(f"--val_tokens {cfg.val_tokens:,} is more than the val split holds")
+    bytes_of_val = int(fineweb.token_byte_lengths(enc)[val_shard[1 : cfg.val_tokens + 1]].sum())
+    val_loader = DataLoaderLite([val_shard], B, T, rank, world_size, device=device)
     train_loader = DataLoaderLite(
         train_shards, B, T, rank, world_size, cfg.shuffle, cfg.seed, device
     )
-    val_loader = DataLoaderLite(val_shards, B, T, rank, world_size, device=device)
-    val_steps = cfg.val_tokens // (B * T)
-    bytes_of_val = val_bytes(val_shards, val_steps, B, T, fineweb.token_byte_lengths(enc))
 
     # the model and its optimizers: the same initial weights on every rank
     if device_type == "cuda":
@@ -842,16 +809,18 @@ def run(cfg, stop, rank, world_size, device, log):
     optimizers = raw_model.configure_optimizers(
         cfg.weight_decay, cfg.max_lr, device_type, muon_lr, cfg.beta2
     )
-    n_params = sum(p.numel() for p in raw_model.parameters())  # the tied table once
-    log(f"{n_params:,} parameters, {raw_model.config}")
+    # (the tied token table counted once)
+    log(f"{sum(p.numel() for p in raw_model.parameters()):,} parameters, {raw_model.config}")
     # bf16 autocast on a GPU (its tensor cores); float32 elsewhere, where bf16 is emulated
-    dtype = "bfloat16" if device_type == "cuda" else "float32"
+    amp = torch.bfloat16 if device_type == "cuda" else None
 
     # HellaSwag, in GPT-2's tokens, rendered once: the official split (downloaded once) or a file
     hella = None
     if cfg.hellaswag_interval and enc.name == "gpt2":
         examples = hellaswag.load_examples(cfg.hellaswag_data or None)
         hella = hellaswag.prepare(examples, enc, raw_model.config.block_size)
+    elif cfg.hellaswag_interval:
+        log(f"HellaSwag skipped: it is in GPT-2's tokens, the data in {enc.name}'s")
 
     # resume from the checkpoint --resume names: rank 0 chooses, every rank reads it
     log_dir = Path(cfg.log_dir)
@@ -868,8 +837,9 @@ def run(cfg, stop, rank, world_size, device, log):
         raw_model.load_state_dict(ckpt["model"])
         for opt, saved in zip(optimizers, ckpt["optimizers"]):
             # the moments and step counts are the checkpoint's, the hyper-parameters this run's
-            groups = opt.state_dict()["param_groups"]
-            opt.load_state_dict({"state": saved["state"], "param_groups": groups})
+            opt.load_state_dict(
+                {"state": saved["state"], "param_groups": opt.state_dict()["param_groups"]}
+            )
         train_loader.load_state_dict(ckpt["loader"])
         # every rank drew the same random numbers (one seed): rank 0's state is everyone's
         torch.set_rng_state(ckpt["rng"]["cpu"])
@@ -877,12 +847,13 @@ def run(cfg, stop, rank, world_size, device, log):
             torch.cuda.set_rng_state(ckpt["rng"]["cuda"], device)
         start_step = ckpt["step"]
         history = ckpt["spike_history"]
-        if path.resolve().parent == log_dir.resolve():
-            wandb_id = ckpt["wandb_id"]  # the same run goes on: its wandb run too
+        # the same log_dir: the same run goes on, its wandb run too
+        wandb_id = ckpt["wandb_id"] if path.resolve().parent == log_dir.resolve() else None
         log(f"resumed from {path} at step {start_step}")
 
     # log_dir holds nothing later than this run's start (a run never writes over another's);
     # then the run's record and its metrics' sinks
+    wandb_run = None
     if master_process:
         later = [p for s, p in find_checkpoints(log_dir) if s > start_step]
         if later and cfg.resume != "auto":
@@ -891,16 +862,16 @@ def run(cfg, stop, rank, world_size, device, log):
                 f" start (step {start_step}): continue them with --resume auto, or pass a new"
                 " --log_dir"
             )
-        wandb_run = None
         if cfg.wandb_project:
             import wandb
 
-            config = dataclasses.asdict(cfg)
             wandb_run = wandb.init(
-                project=cfg.wandb_project, id=wandb_id, resume="allow", config=config
+                project=cfg.wandb_project,
+                id=wandb_id,
+                resume="allow",
+                config=dataclasses.asdict(cfg),
             )
             wandb_id = wandb_run.id
-        metrics = Metrics(log_dir, wandb_run, log)
         record = {
             "step": start_step,
             "resumed_from": path and str(path),
@@ -910,33 +881,32 @@ def run(cfg, stop, rank, world_size, device, log):
         }
         with open(log_dir / "runs.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
-    epochs = (cfg.max_steps - start_step) * cfg.total_batch_size / (train_loader.windows * B * T)
-    log(f"{cfg.max_steps - start_step} steps to go: {epochs:.2f} epochs of the train split")
+    metrics = Metrics(log_dir if master_process else None, wandb_run, log)
+    epochs = (cfg.max_steps - start_step) * cfg.total_batch_size / sum(map(len, train_shards))
+    log(
+        f"{B} x {T} x {world_size} rank(s) x {grad_accum_steps} micro-steps ="
+        f" {cfg.total_batch_size:,} tokens a step; {cfg.max_steps - start_step} steps to go,"
+        f" {epochs:.2f} epochs of the train split"
+    )
 
     # model trains (wrapped in DDP, then compiled); raw_model evaluates and saves
     model = raw_model
     if ddp:
-        device_ids = [device] if device_type == "cuda" else None
-        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+        model = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device] if device_type == "cuda" else None
+        )
     if cfg.compile == "true" or (cfg.compile == "auto" and device_type == "cuda"):
         # after DDP: dynamo splits the graph at DDP's buckets, so all-reduces overlap backward
         model = torch.compile(model)
-    peak = peak_flops(device)
-    # 6 FLOPs per weight and token (forward and backward; the position table is a lookup), plus
-    # attention's scores and values
-    n_matmul = n_params - raw_model.transformer.wpe.weight.numel()
-    flops_per_token = 6 * n_matmul + 12 * cfg.n_layer * cfg.n_embd * T
     fixed_batch = train_loader.next_batch() if cfg.overfit_batch else None
     val_loss = None
     stopping = False
-    step = start_step
     for step in range(start_step, cfg.max_steps + 1):
         last_step = step == cfg.max_steps
 
         # checkpoint every ckpt_interval steps, at the end, and when a stop was asked for
         due = cfg.ckpt_interval and step % cfg.ckpt_interval == 0
         if step > start_step and (due or last_step or stopping):
-            cuda_rng = torch.cuda.get_rng_state(device) if device_type == "cuda" else None
             checkpoint = {
                 "model": raw_model.state_dict(),
                 "optimizers": [opt.state_dict() for opt in optimizers],
@@ -945,7 +915,10 @@ def run(cfg, stop, rank, world_size, device, log):
                 "step": step,
                 "val_loss": val_loss,
                 "loader": train_loader.state_dict(),
-                "rng": {"cpu": torch.get_rng_state(), "cuda": cuda_rng},
+                "rng": {
+                    "cpu": torch.get_rng_state(),
+                    "cuda": torch.cuda.get_rng_state(device) if device_type == "cuda" else None,
+                },
                 "spike_history": history,
                 "data": data,
                 "tokenizer": data["tokenizer"],
@@ -960,30 +933,31 @@ def run(cfg, stop, rank, world_size, device, log):
             if ddp:
                 dist.barrier()  # nobody races ahead (or exits) before the file exists
             if master_process:
-                plot.refresh(log_dir, log)
+                plot.refresh(log_dir, log, force=last_step or stopping)
         if stopping:
             log(f"{stop.name or 'a stop request on another rank'}: stopped at step {step}")
             break
 
         # validation loss (and bits per byte) every eval_interval steps and at the end
         if cfg.eval_interval and (step % cfg.eval_interval == 0 or last_step):
-            val_loss = evaluate_val_loss(model, val_loader, val_steps, dtype)
+            val_loss = evaluate_val_loss(model, val_loader, cfg.val_tokens // (B * T), amp)
             bpb = val_loss * cfg.val_tokens / (math.log(2) * bytes_of_val)
-            if master_process:
-                metrics.report(step, val=val_loss, bpb=bpb)
+            metrics.report(step, val=val_loss, bpb=bpb)
 
         # HellaSwag every hellaswag_interval steps and at the end
         if hella is not None and (step % cfg.hellaswag_interval == 0 or last_step):
-            amp = torch.bfloat16 if dtype == "bfloat16" else None
             result = hellaswag.evaluate(raw_model, hella, device, rank, world_size, amp)
-            if master_process:
-                metrics.report(step, hella=result["acc_norm"])
+            metrics.report(step, hella=result["acc_norm"])
 
         # samples from the model, rank 0 only
-        sample_now = cfg.sample_interval and (step % cfg.sample_interval == 0 or last_step)
-        if master_process and sample_now:
-            prompt = cfg.sample_prompt
-            texts = sample_texts(raw_model, enc, prompt, 4, cfg.sample_length, seed=cfg.seed)
+        if (
+            master_process
+            and cfg.sample_interval
+            and (step % cfg.sample_interval == 0 or last_step)
+        ):
+            texts = sample_texts(
+                raw_model, enc, cfg.sample_prompt, 4, cfg.sample_length, seed=cfg.seed
+            )
             for i, text in enumerate(texts):
                 log(f"sample {i}: {text}")
         if last_step:
@@ -995,10 +969,10 @@ def run(cfg, stop, rank, world_size, device, log):
         loss_accum = torch.zeros((), device=device)
         for micro_step in range(grad_accum_steps):
             x, y = fixed_batch if cfg.overfit_batch else train_loader.next_batch()
-            if ddp:
-                # all-reduce the gradients only after the last micro-step's backward
-                model.require_backward_grad_sync = micro_step == grad_accum_steps - 1
-            with torch.autocast(device_type, torch.bfloat16, enabled=dtype == "bfloat16"):
+            # DDP all-reduces the gradients only after the last micro-step's backward (a plain
+            # model ignores the flag)
+            model.require_backward_grad_sync = micro_step == grad_accum_steps - 1
+            with torch.autocast(device_type, amp, enabled=amp is not None):
                 logits, loss = model(x, y)
             # The loss is a mean over B x T tokens; divided by the micro-steps, the summed
             # gradients are those of the mean over the whole batch.
@@ -1007,8 +981,9 @@ def run(cfg, stop, rank, world_size, device, log):
             loss.backward()
         # One all-reduce and one host sync a step: the loss, the gradient norm, and whether a
         # rank was asked to stop (all ranks stop together).
-        asked = torch.full((), float(stop.requested()), device=device)
-        shared = torch.stack([loss_accum / world_size, asked])
+        shared = torch.stack(
+            [loss_accum / world_size, torch.full((), float(stop.requested()), device=device)]
+        )
         if ddp:
             dist.all_reduce(shared)
         norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg.grad_clip or math.inf)
@@ -1020,7 +995,8 @@ def run(cfg, stop, rank, world_size, device, log):
             for group in opt.param_groups:
                 group["lr"] = lr * group.get("lr_scale", 1.0)  # Muon runs at its own peak
 
-        # a non-finite update stops the run (or is skipped); a spike is skipped (--skip_spikes)
+        # A non-finite update stops the run (or is skipped). With --skip_spikes, each step's
+        # z-score (loss or norm against the last 128 updates) is logged; above Z, it is skipped.
         skip = not math.isfinite(loss_value + norm)
         if skip and not cfg.skip_nonfinite:
             raise ValueError(
@@ -1032,8 +1008,7 @@ def run(cfg, stop, rank, world_size, device, log):
             past = np.array(history)  # (n, 2)
             z = ((np.array([loss_value, norm]) - past.mean(0)) / (past.std(0) + 1e-8)).max()
             skip = z > cfg.skip_spikes
-            if skip and master_process:
-                metrics.report(step, spike=z)
+            metrics.report(step, spike=z)
         if not skip:
             for opt in optimizers:
                 opt.step()
@@ -1041,14 +1016,15 @@ def run(cfg, stop, rank, world_size, device, log):
 
         # the log line; the step's time includes its wait for the GPU (the sync above)
         dt = time.time() - t0
-        tokens_per_sec = cfg.total_batch_size / dt
-        epoch = train_loader.epochs_read()
-        step_metrics = dict(train=loss_value, lr=lr, norm=norm, ms=dt * 1000)
-        step_metrics.update(tok_per_s=tokens_per_sec, epoch=epoch)
-        if peak:
-            step_metrics["mfu"] = flops_per_token * tokens_per_sec / (peak * world_size)
-        if master_process:
-            metrics.report(step, **step_metrics)
+        metrics.report(
+            step,
+            train=loss_value,
+            lr=lr,
+            norm=norm,
+            ms=dt * 1000,
+            tok_per_s=cfg.total_batch_size / dt,
+            epoch=train_loader.epochs_read(),
+        )
     return {"step": step, "val_loss": val_loss, "stopped": stopping, "log_dir": str(log_dir)}
 
 
@@ -1070,8 +1046,8 @@ def parse_args(argv):
     defaults.update(PRESETS.get(first.parse_known_args(argv)[0].preset, {}))
     helps = dict(re.findall(r"^    (\w+): \w+ = .*?  # (.*)$", Path(__file__).read_text(), re.M))
     gpus = torch.cuda.device_count()
-    cpu = "no CUDA GPU: auto is cpu (or mps), float32, not compiled"
-    here = f"{gpus} CUDA GPU(s): auto is cuda, bfloat16, compiled" if gpus else cpu
+    here = "no CUDA GPU: auto is cpu (or mps), float32, not compiled"
+    here = f"{gpus} CUDA GPU(s): auto is cuda, bfloat16, compiled" if gpus else here
     parser = argparse.ArgumentParser(
         prog="train_gpt2.py",
         usage=argparse.SUPPRESS,
@@ -1101,8 +1077,7 @@ def continue_command(argv):
             "--standalone",
             f"--nproc_per_node={os.environ['LOCAL_WORLD_SIZE']}",
         ]
-    script = os.path.relpath(__file__)
-    return shlex.join(launcher + [script] + list(argv) + ["--resume", "auto"])
+    return shlex.join(launcher + [os.path.relpath(__file__), *argv, "--resume", "auto"])
 
 
 def main(argv=None):
@@ -1118,3 +1093,4 @@ def main(argv=None):
 
 if __name__ == "__main__":
     main()
+    exit_quietly(None, None)  # the run is over: a stop request has nothing left to stop

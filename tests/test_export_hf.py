@@ -1,340 +1,419 @@
-"""export_hf.py writes one of our checkpoints as a complete Hugging Face GPT-2 directory: a model that computes exactly
-what ours computes, and the tokenizer it was trained with, giving our ids (GPT-2's BPE or characters); transformers'
-pipeline and lm-evaluation-harness run on it offline. Part of the GPT-2 contract: the export maps GPT-2's module
-names."""
+"""export_hf.py: one of our checkpoints as a Hugging Face GPT-2 directory, tested with the tools
+that read it, offline: transformers' Auto classes and pipeline, the tokenizers library and
+lm-evaluation-harness. A model that GPT-2's format cannot hold is refused; bad input is one line.
+
+<|endoftext|> in text: the exported tokenizer gives it its one id 50256, as tiktoken's
+encode(text, allowed_special="all") does; with split_special_tokens=True it is text, as in
+encode_ordinary (what hellaswag.py and fineweb.py use for document text)."""
 
 import dataclasses
 import json
 import random
-import re
 import subprocess
-import textwrap
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import child_env
 
 import export_hf
 import fineweb
-import launcher
+import hellaswag
 import train_gpt2
-from train_gpt2 import GPT, GPTConfig
-from helpers import child_env
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.gpt2_contract
-INPUT_TXT = (ROOT / "input.txt").read_text(encoding="utf-8")
-CHARS = "".join(sorted(set(INPUT_TXT) | set(fineweb.DOC_SEPARATOR)))  # `fineweb.py --tokenizer char`'s vocabulary
-GPT2_FILES = {"config.json", "generation_config.json", "model.safetensors", "vocab.json", "merges.txt",
-              "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}
+GPT2_FILES = {
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+}
+SUBJECTS = ["The old king", "A young woman", "The river", "Our café", "Mr. Ōno", "The dog"]
+VERBS = ["ran", "sang", "waited", "wrote", "slept", "laughed", "counted 12,345 coins"]
+PLACES = ["by the sea", "in Paris", "under the bridge", "at 6 o'clock", "in 東京", "all night"]
 
 
-def run_script(script: str, *args) -> subprocess.CompletedProcess:
-    return launcher.run([sys.executable, str(ROOT / script), *args], cwd=ROOT, env=child_env(), timeout=300)
-
-
-def make_checkpoint(path: Path, config: GPTConfig, seed: int = 0, nudge: float = 0.02, **extra) -> GPT:
-    """A random model, nudged off its init by noise of std `nudge` (biases and LayerNorms not 0/1, so a wrong mapping
-    shows), saved as training saves it, with extra entries (tokenizer=...)."""
-    torch.manual_seed(seed)
-    model = GPT(config)
-    with torch.no_grad():
-        for p in model.parameters():  # unique parameters: the tied token table is nudged once
-            p.add_(nudge * torch.randn_like(p))
-    torch.save({"model": model.state_dict(), "model_config": dataclasses.asdict(config), **extra}, path)
-    return model.eval()
-
-
-def hf_and_our_outputs(hf_dir: Path, model: GPT, vocab: int, T: int):
-    """(HF logits, HF loss, our logits cut to the exported vocabulary, our loss over those logits)."""
-    from transformers import GPT2LMHeadModel
-
-    hf = GPT2LMHeadModel.from_pretrained(hf_dir).eval()
-    x = torch.randint(0, vocab, (2, T), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        hf_out = hf(x, labels=x)  # transformers shifts the labels itself
-        logits = model(x)[0][..., :vocab]
-    loss = F.cross_entropy(logits[:, :-1].reshape(-1, vocab), x[:, 1:].reshape(-1))
-    return hf_out.logits, hf_out.loss, logits, loss
-
-
-def test_to_hf_state_dict_transposes_and_drops_padding():
-    torch.manual_seed(0)
-    ours = GPT(GPTConfig(block_size=8, vocab_size=80, n_layer=1, n_head=2, n_embd=8)).state_dict()
-    hf = export_hf.to_hf_state_dict(ours, keep_vocab=50)
-    assert set(hf) == set(ours)
-    for key in ("transformer.wte.weight", "lm_head.weight"):
-        assert torch.equal(hf[key], ours[key][:50])
-    for key, value in ours.items():
-        if key.endswith(train_gpt2.HF_TRANSPOSED):
-            assert torch.equal(hf[key], value.t())
-        elif "wte" not in key and "lm_head" not in key:
-            assert torch.equal(hf[key], value)
-    # without padding to drop, it is the exact inverse of the import
-    back = train_gpt2.convert_hf_state_dict(export_hf.to_hf_state_dict(ours), ours)
-    assert all(torch.equal(back[k], ours[k]) for k in ours)
-
-
-def varied_texts(n_random: int = 200) -> list[str]:
-    """Text that is hard on a tokenizer: whitespace runs, contractions, numbers, scripts, emoji (with modifiers and
-    joiners), controls, <|endoftext|> inside text; then random strings drawn from those kinds of code points."""
-    texts = ["Hello world", " leading space", "trailing spaces   ", "   \n\n\n  \t\t x  y   z\n", "a\r\nb\rc",
-             "I'm, you're; we'll: they've! He'd said 'quoted' \"double\" ''",
-             "1234567890 3.14159 -42 1,000,000 2024-01-01", "emoji 😀👍🏽👨‍👩‍👧 flags 🇫🇷🇯🇵 ✓ ☃",
-             "naïve café Ångström 日本語 한국어 العربية עברית Ελληνικά Русский",
-             "zero\u200bwidth\u200djoiner \u00a0nbsp\u2003em\u3000ideographic\u0085nel\u2028ls",
-             "\x00\x01\x7f controls",
-             "<|endoftext|>", "a<|endoftext|>b", "text <|endoftext|> more<|endoftext|><|endoftext|>\n", "<|endoftext",
-             "    def f(x):\n        return x ** 2  # code\n", "", " ", "\n"]
-    pools = [range(0x20, 0x7F), range(0xA0, 0x250), range(0x370, 0x500), range(0x4E00, 0x4F00), range(0x1F300, 0x1F650),
-             [0x9, 0xA, 0xD, 0x20, 0x20, 0x20, 0xA0, 0x85, 0x2009, 0x3000]]
-    rng = random.Random(0)
-    for _ in range(n_random):
-        texts.append("".join(chr(rng.choice(rng.choice(pools))) for _ in range(rng.randrange(1, 80))))
-    return texts
-
-
-def greedy_text(model: GPT, ids: list[int], steps: int, vocab: int, enc) -> str:
-    """What our model writes after ids, greedily, over the exported vocabulary: what the pipeline must write."""
-    x = torch.tensor([ids])
-    with torch.no_grad():
-        for _ in range(steps):
-            x = torch.cat([x, model(x)[0][:, -1, :vocab].argmax(-1, keepdim=True)], dim=1)
-    return enc.decode(x[0].tolist())
-
-
-def test_byte_symbols_are_gpt2s_printable_alphabet():
-    symbols = export_hf.byte_symbols()
-    assert len(set(symbols)) == 256
-    assert all(symbols[b] == chr(b) for b in range(ord("!"), ord("~") + 1))
-    assert (symbols[ord(" ")], symbols[ord("\n")]) == ("Ġ", "Ċ")  # as in GPT-2's "Ġthe"
-    assert all(s.isprintable() and not s.isspace() for s in symbols)  # a merges.txt line splits at its one space
-
-
-def test_bpe_merges_are_the_splits_bpe_makes():
-    ranks = {bytes([b]): b for b in range(256)}
-    ranks.update({b"ab": 256, b"bc": 257, b"abc": 258, b"abcbc": 259})
-    # "abc" could be a + bc or ab + c; BPE merges ab first (it ranks lower), so it is made of ab + c
-    assert export_hf.bpe_merges(ranks) == [(b"a", b"b"), (b"b", b"c"), (b"ab", b"c"), (b"abc", b"bc")]
-    with pytest.raises(ValueError, match=r"b'xyz' \(rank 260\) is not a merge of two lower-ranked tokens"):
-        export_hf.bpe_merges({**ranks, b"xyz": 260})
-    with pytest.raises(ValueError, match="ranks 0..255 must be the single bytes"):
-        export_hf.bpe_merges({**{bytes([b]): b for b in range(255)}, b"ab": 255})
-    enc = fineweb.get_tokenizer()
-    merges = export_hf.bpe_merges({token: enc.encode_single_token(token) for token in enc.token_byte_values()})
-    assert len(merges) == 50000 and merges[:3] == [(b" ", b"t"), (b" ", b"a"), (b"h", b"e")]  # GPT-2's first three
-
-
-def test_gpt2_export_tokenizes_as_we_do_and_generates(tmp_path):
-    """AutoTokenizer on the export gives fineweb.get_tokenizer()'s ids on any text, <|endoftext|> included, and
-    decodes back; so do tokenizer.json alone and vocab.json + merges.txt alone; the pipeline generates what our
-    model generates; config.json has the run's dropout."""
-    from tokenizers import Tokenizer
-    from transformers import AutoTokenizer, pipeline
-
-    config = GPTConfig(block_size=32, vocab_size=50304, n_layer=1, n_head=2, n_embd=16, dropout=0.1)
-    model = make_checkpoint(tmp_path / "ckpt.pt", config, nudge=0.5, tokenizer={"tokenizer": "gpt2", "vocab": None})
-    out = export_hf.export_hf(tmp_path / "ckpt.pt", tmp_path / "hf")
-    assert {p.name for p in out.iterdir()} == GPT2_FILES
-    hf_config = json.loads((out / "config.json").read_text())
-    assert [hf_config[k] for k in ("resid_pdrop", "embd_pdrop", "attn_pdrop")] == [0.1] * 3  # not HF's default
-    assert (hf_config["vocab_size"], hf_config["bos_token_id"], hf_config["eos_token_id"]) == (50257, 50256, 50256)
-
-    tok = AutoTokenizer.from_pretrained(out)
-    assert (tok.bos_token_id, tok.eos_token_id, tok.unk_token_id, tok.model_max_length, len(tok)) == (
-        50256, 50256, 50256, 32, 50257)
-    enc = fineweb.get_tokenizer()
-    plays = list(fineweb.iter_txt_documents(ROOT / "input.txt"))
-    assert len(plays) == 8
-    texts = varied_texts() + plays
-    expected = [enc.encode(text, allowed_special="all") for text in texts]
-    assert [tok(text)["input_ids"] for text in texts] == expected
-    assert [tok.decode(ids) for ids in expected] == texts
-    assert expected[texts.index("a<|endoftext|>b")] == [64, 50256, 65]  # the special token is one id
-    # tokenizer.json alone (what GPT2TokenizerFast / PreTrainedTokenizerFast read), and vocab.json + merges.txt alone
-    assert [e.ids for e in Tokenizer.from_file(str(out / "tokenizer.json")).encode_batch(texts)] == expected
-    (tmp_path / "bpe").mkdir()
-    for name in ("vocab.json", "merges.txt", "tokenizer_config.json", "config.json"):
-        (tmp_path / "bpe" / name).write_bytes((out / name).read_bytes())
-    assert AutoTokenizer.from_pretrained(tmp_path / "bpe")(texts)["input_ids"] == expected
-
-    prompt = "Hello, I'm a language model,"
-    [result] = pipeline("text-generation", model=str(out), device="cpu")(prompt, max_new_tokens=6, do_sample=False)
-    assert len(result["generated_text"]) > len(prompt)
-    assert result["generated_text"] == greedy_text(model, enc.encode(prompt), 6, 50257, enc)
-
-
-def test_char_export_round_trips_the_plays_and_matches_our_logits(tmp_path):
-    """A character-level checkpoint exports with a tokenizer whose id i is its i-th character: input.txt encodes to
-    fineweb.CharTokenizer's ids and decodes back unchanged; the model computes our logits and loss; the pipeline
-    writes what our model writes."""
-    from transformers import AutoTokenizer, pipeline
-
-    config = GPTConfig(block_size=16, vocab_size=len(CHARS), n_layer=2, n_head=2, n_embd=32)
-    model = make_checkpoint(tmp_path / "ckpt.pt", config, nudge=0.3, tokenizer={"tokenizer": "char", "vocab": CHARS})
-    export_hf.main([str(tmp_path / "ckpt.pt"), str(tmp_path / "hf")])  # the command line, in-process
-    out = tmp_path / "hf"
-    assert {p.name for p in out.iterdir()} >= {"config.json", "model.safetensors", "tokenizer.json",
-                                               "tokenizer_config.json"}
-    hf_config = json.loads((out / "config.json").read_text())
-    assert hf_config["vocab_size"] == len(CHARS) == 77
-    assert (hf_config["n_positions"], hf_config["n_ctx"], hf_config["n_embd"]) == (16, 16, 32)
-    assert (hf_config["n_layer"], hf_config["n_head"], hf_config["activation_function"]) == (2, 2, "gelu_new")
-    assert [hf_config[k] for k in ("resid_pdrop", "embd_pdrop", "attn_pdrop", "eos_token_id")] == [0.0] * 3 + [None]
-
-    tok = AutoTokenizer.from_pretrained(out)
-    chars = fineweb.CharTokenizer(CHARS)
-    assert (len(tok), tok.model_max_length) == (77, 16)
-    ids = tok(INPUT_TXT)["input_ids"]
-    assert ids == chars.encode(INPUT_TXT)
-    assert tok.decode(ids) == INPUT_TXT  # newlines, runs of spaces, punctuation: all as they were
-    assert tok("  a\n\nb .")["input_ids"] == chars.encode("  a\n\nb .")
-    with pytest.raises(Exception, match="UNK"):  # a character the model never saw is an error, as with ours
-        tok("é")
-
-    hf_logits, hf_loss, logits, loss = hf_and_our_outputs(out, model, 77, 16)
-    torch.testing.assert_close(hf_logits, logits, atol=1e-5, rtol=0)
-    torch.testing.assert_close(hf_loss, loss, atol=1e-5, rtol=0)
-    prompt = "ROMEO:"
-    [result] = pipeline("text-generation", model=str(out), device="cpu")(prompt, max_new_tokens=8, do_sample=False)
-    assert result["generated_text"] == greedy_text(model, chars.encode(prompt), 8, 77, chars)
-    assert len(result["generated_text"]) == len(prompt) + 8
-
-
-@pytest.mark.parametrize("vocab_size, tokenizer, message", [
-    (64, None, "the model has 64 token rows, fewer than the 50257 ids of the gpt2 tokenizer assumed (it records none)"),
-    (64, {"tokenizer": "gpt2", "vocab": None}, "fewer than the 50257 ids of the gpt2 tokenizer it records"),
-    (50, {"tokenizer": "char", "vocab": CHARS}, "has 50 token rows, fewer than the 77 ids of the char tokenizer"),
-    (64, {"tokenizer": "sentencepiece"}, "manifest tokenizer 'sentencepiece': expected 'gpt2', or 'char'"),
-    (64, {"tokenizer": "char", "vocab": "ba"}, "sorted, unique characters"),
-    (64, "gpt2", "its 'tokenizer' entry is a str, not a dict"),
-], ids=["gpt2 assumed", "gpt2 recorded", "char", "unknown", "unsorted chars", "not a dict"])
-def test_export_without_a_tokenizer_that_fits_is_refused(tmp_path, vocab_size, tokenizer, message):
-    extra = {} if tokenizer is None else {"tokenizer": tokenizer}
-    make_checkpoint(tmp_path / "ckpt.pt", GPTConfig(block_size=8, vocab_size=vocab_size, n_layer=1, n_head=1, n_embd=8),
-                    **extra)
-    with pytest.raises(SystemExit) as exc:
-        export_hf.main([str(tmp_path / "ckpt.pt"), str(tmp_path / "hf")])
-    assert str(exc.value.code).startswith("export_hf.py: error: ") and message in str(exc.value.code)
-    assert "\n" not in str(exc.value.code)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt"]  # no directory, no temporary left
-
-
-def test_model_only_export_for_callers_that_tokenise_themselves(tmp_path):
-    """with_tokenizer=False (play.ipynb): the model alone, also when no known tokenizer fits its vocabulary."""
-    config = GPTConfig(block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=32)
-    model = make_checkpoint(tmp_path / "ckpt.pt", config)
-    out = export_hf.export_hf(tmp_path / "ckpt.pt", tmp_path / "hf", with_tokenizer=False)
-    assert {p.name for p in out.iterdir()} == {"config.json", "generation_config.json", "model.safetensors"}
-    hf_logits, _, logits, _ = hf_and_our_outputs(out, model, 64, 16)
-    torch.testing.assert_close(hf_logits, logits, atol=1e-5, rtol=0)
-
-
-def test_export_of_a_missing_checkpoint_is_an_error(tmp_path):
-    with pytest.raises(SystemExit) as exc:
-        export_hf.main([str(tmp_path / "missing.pt"), str(tmp_path / "hf")])
-    assert str(exc.value.code).startswith("export_hf.py: error: ") and "does not exist" in str(exc.value.code)
-    assert not (tmp_path / "hf").exists()
-
-
-def write_hellaswag_jsonl(path: Path, n: int = 24) -> Path:
-    """n small HellaSwag-shaped examples (ctx, 4 endings, label) of ordinary English words."""
-    rng = random.Random(0)
-    people, places = ["A man", "A woman", "The girl", "The chef", "A dog"], ["kitchen", "park", "river", "gym"]
-    actions = ["runs to the door", "picks up a ball", "starts to cook dinner", "jumps into the water",
-               "sits down and reads", "waves at the camera", "lifts a heavy box", "paints the wall blue"]
-    lines = []
+def write_documents(path, n=40, seed=0):
+    # n short documents of sentences, separated by two blank lines (fineweb.py's .txt format)
+    rng = random.Random(seed)
+    docs = []
     for i in range(n):
-        ctx = f"{rng.choice(people)} is in the {rng.choice(places)}. Then he"
-        lines.append(json.dumps({"ind": i, "ctx": ctx, "endings": rng.sample(actions, 4), "label": rng.randrange(4)}))
-    path.write_text("\n".join(lines) + "\n")
+        sentences = []
+        for _ in range(rng.randrange(3, 8)):
+            words = [rng.choice(SUBJECTS), rng.choice(VERBS), rng.choice(PLACES)]
+            sentences.append(" ".join(words) + rng.choice([".", "!", "?"]))
+        docs.append(f"Story {i}\n\n" + " ".join(sentences))
+    path.write_text("\n\n\n".join(docs) + "\n", encoding="utf-8")
+    return docs
+
+
+def run(*args):
+    # one of the programs, as a user runs it
+    command = [sys.executable, *map(str, args)]
+    env = child_env()
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+def nudge(model, std, seed=0):
+    # move every weight well off its init (biases off 0, LayerNorms off 1, logits of some
+    # units): a wrong mapping or a scorer's slip then shows
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(std * torch.randn(p.shape, generator=generator))
+    return model
+
+
+def char_checkpoint(path, chars, n_embd=32, seed=0):
+    # a character-level checkpoint, made directly, with train_gpt2.GPT as it is now
+    torch.manual_seed(seed)
+    config = train_gpt2.GPTConfig(32, len(chars), 2, 2, n_embd)
+    model = nudge(train_gpt2.GPT(config), 0.3, seed)
+    ckpt = {
+        "model": model.state_dict(),
+        "model_config": dataclasses.asdict(config),
+        "step": 0,
+        "tokenizer": fineweb.tokenizer_info(fineweb.CharTokenizer(chars)),
+    }
+    train_gpt2.save_checkpoint(path, ckpt)
     return path
 
 
-@pytest.mark.slow
-def test_export_cli_padded_vocab_scores_the_same_on_hellaswag(tmp_path, capsys):
-    if not (ROOT / "hellaswag.py").is_file():
-        pytest.skip("hellaswag.py is not in the repository yet")
-    config = GPTConfig(block_size=64, vocab_size=50304, n_layer=1, n_head=2, n_embd=16)
-    torch.manual_seed(0)
-    model = GPT(config)
-    with torch.no_grad():
-        # A trained model gives the 47 padded ids (never targets) negligible probability; mimic that, so
-        # dropping them changes no softmax by more than rounding: zero rows, and logits of a few units.
-        model.transformer.wte.weight[fineweb.GPT2_VOCAB_SIZE :] = 0
-        model.transformer.ln_f.weight.mul_(50)
-    ckpt = tmp_path / "model_00010.pt"
-    torch.save({"model": model.state_dict(), "model_config": dataclasses.asdict(config)}, ckpt)
-
-    result = run_script("export_hf.py", ckpt, tmp_path / "hf")
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    # a real checkpoint: a GPT-2 corpus made by fineweb.py, 2 steps of train_gpt2.py, dropout 0.1
+    root = tmp_path_factory.mktemp("trained")
+    write_documents(root / "docs.txt")
+    made = run("fineweb.py", "--local", root / "docs.txt", "--out_dir", root / "data")
+    assert made.returncode == 0, made.stderr
+    flags = "--n_layer 2 --n_head 2 --n_embd 32 --batch_size 4 --seq_len 32"
+    flags += " --total_batch_size 128 --max_steps 2 --val_tokens 128 --dropout 0.1"
+    flags += " --hellaswag_interval 0 --sample_interval 0 --device cpu --compile false"
+    args = ["--data_root", root / "data", "--log_dir", root / "log", *flags.split()]
+    result = run("train_gpt2.py", *args)
     assert result.returncode == 0, result.stderr
-    hf_config = json.loads((tmp_path / "hf" / "config.json").read_text())
-    assert hf_config["vocab_size"] == 50257  # 50304 -> 50257: the padding is gone
-    hf_logits, _, logits, _ = hf_and_our_outputs(tmp_path / "hf", model.eval(), 50257, 64)
-    assert hf_logits.shape[-1] == 50257
-    torch.testing.assert_close(hf_logits, logits, atol=1e-5, rtol=0)
-
-    import hellaswag  # its CLI in-process: two interpreter start-ups saved
-
-    data = write_hellaswag_jsonl(tmp_path / "hellaswag.jsonl")
-    scores = []
-    for source in (ckpt, tmp_path / "hf"):
-        assert hellaswag.main(["--model", str(source), "--data", str(data), "--device", "cpu"]) == 0
-        scores.append(capsys.readouterr().out.strip().splitlines()[-1])
-    assert re.fullmatch(r"24 acc: \d\.\d{4} acc_norm: \d\.\d{4}", scores[0]), scores[0]
-    assert scores[0] == scores[1]
+    return root / "log" / "model_00002.pt"
 
 
-def write_lm_eval_task(task_dir: Path, data: Path, name: str) -> Path:
-    """A local lm-evaluation-harness task over HellaSwag-shaped jsonl: the context, then " " + each ending (the
-    harness's default target_delimiter), scored by summed log-likelihood ("acc"). The json builder reads it offline."""
-    task_dir.mkdir()
-    (task_dir / f"{name}.yaml").write_text(textwrap.dedent(f"""\
-        task: {name}
-        dataset_path: json
-        dataset_kwargs:
-          data_files:
-            validation: {json.dumps(str(data))}
-        validation_split: validation
-        output_type: multiple_choice
-        doc_to_text: "{{{{ctx}}}}"
-        doc_to_choice: endings
-        doc_to_target: label
-        metric_list:
-          - metric: acc
-        """))
-    return task_dir
+@pytest.fixture(scope="module")
+def nudged(trained):
+    # the trained checkpoint, its weights nudged (2 steps leave them at their init)
+    ckpt = train_gpt2.load_checkpoint(trained)
+    model, _ = train_gpt2.load_model(trained)
+    ckpt["model"] = nudge(model, 0.5).state_dict()
+    path = trained.with_name("nudged.pt")
+    train_gpt2.save_checkpoint(path, ckpt)
+    return path
 
 
-def test_lm_eval_harness_on_an_export_agrees_with_hellaswag_py(tmp_path):
-    """lm-evaluation-harness (its `hf` model on the export) and hellaswag.py (our model on the checkpoint) pick the
-    same ending of every example by summed log-likelihood, and agree on the log-likelihoods: two scorers, one answer."""
-    lm_eval = pytest.importorskip("lm_eval", reason="lm-eval is in requirements.txt: pip install -r requirements.txt")
-    from lm_eval.tasks import TaskManager
+@pytest.fixture(scope="module")
+def exported(nudged):
+    return export_hf.export_hf(nudged, nudged.parent / "hf")
 
-    import hellaswag
 
-    # wide random weights: each ending gets a clearly different score, and the picks vary across examples
-    config = GPTConfig(block_size=64, vocab_size=50304, n_layer=1, n_head=2, n_embd=32)
-    model = make_checkpoint(tmp_path / "model_00010.pt", config, nudge=0.5, tokenizer={"tokenizer": "gpt2"})
-    out = export_hf.export_hf(tmp_path / "model_00010.pt", tmp_path / "hf")
-    data = write_hellaswag_jsonl(tmp_path / "tiny.jsonl")
-    tasks = write_lm_eval_task(tmp_path / "tasks", data, "tiny_hellaswag")
+@pytest.fixture(scope="module")
+def ours(nudged):
+    model, enc = train_gpt2.load_model(nudged)
+    return model.eval(), enc
 
-    results = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={out}", tasks=["tiny_hellaswag"],
-                                      task_manager=TaskManager(include_path=str(tasks), include_defaults=False),
-                                      device="cpu", batch_size=8, log_samples=True)
-    samples = sorted(results["samples"]["tiny_hellaswag"], key=lambda sample: sample["doc_id"])
-    loglik = torch.tensor([[float(ll) for ll, _ in sample["filtered_resps"]] for sample in samples])  # (24, 4)
-    theirs = loglik.argmax(1)
-    assert [sample["acc"] for sample in samples] == [float(p == s["target"]) for p, s in zip(theirs.tolist(), samples)]
 
-    examples = [json.loads(line) for line in data.read_text().splitlines()]
-    sum_loss, _, labels = hellaswag.score_examples(model, examples, "cpu", enc=fineweb.get_tokenizer())
-    ours = sum_loss.argmin(1)
-    assert len(set(ours.tolist())) > 1  # the picks vary: agreeing on them means something
-    assert torch.equal(theirs, ours)
-    torch.testing.assert_close(loglik, -sum_loss, atol=1e-3, rtol=0)
-    assert results["results"]["tiny_hellaswag"]["acc,none"] == pytest.approx((ours == labels).float().mean().item())
+def varied_texts(n_random=100):
+    # hard on a tokenizer: whitespace runs, contractions, numbers, scripts, emoji, controls,
+    # <|endoftext|> inside text; then random strings of such characters
+    texts = [
+        "Hello world",
+        " leading space",
+        "trailing spaces   ",
+        "   \n\n\n  \t\t x  y   z\n",
+        "a\r\nb\rc",
+        "I'm, you're; we'll: they've! He'd said 'quoted' \"double\" ''",
+        "1234567890 3.14159 -42 1,000,000 2024-01-01",
+        "emoji 😀👍🏽👨‍👩‍👧 flags 🇫🇷🇯🇵 ✓ ☃",
+        "naïve café Ångström 日本語 한국어 العربية עברית Ελληνικά Русский",
+        "zero\u200bwidth\u200djoiner \u00a0nbsp\u2003em\u3000ideographic\u0085nel\u2028ls",
+        "\x00\x01\x7f controls",
+        "<|endoftext|>",
+        "a<|endoftext|>b",
+        "text <|endoftext|> more<|endoftext|><|endoftext|>\n",
+        "<|endoftext",
+        "    def f(x):\n        return x ** 2  # code\n",
+        "",
+        " ",
+        "\n",
+    ]
+    pools = [
+        range(0x20, 0x7F),
+        range(0xA0, 0x250),
+        range(0x370, 0x500),
+        range(0x4E00, 0x4F00),
+        range(0x1F300, 0x1F650),
+        [0x9, 0xA, 0xD, 0x20, 0x20, 0x20, 0xA0, 0x85, 0x2009, 0x3000],
+    ]
+    rng = random.Random(0)
+    for _ in range(n_random):
+        length = rng.randrange(1, 80)
+        texts.append("".join(chr(rng.choice(rng.choice(pools))) for _ in range(length)))
+    return texts
+
+
+@pytest.mark.gpt2_contract
+def test_export_computes_our_logits(exported, ours, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    assert {p.name for p in exported.iterdir()} == GPT2_FILES
+    config = json.loads((exported / "config.json").read_text())
+    shape = [config[k] for k in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")]
+    assert shape == [50257, 32, 32, 2, 2]  # 50304 -> 50257: the padding rows are gone
+    assert [config[k] for k in ("resid_pdrop", "embd_pdrop", "attn_pdrop")] == [0.1] * 3
+    assert config["activation_function"] == "gelu_new" and config["tie_word_embeddings"]
+    assert (config["bos_token_id"], config["eos_token_id"]) == (50256, 50256)
+
+    model, enc = ours
+    hf = AutoModelForCausalLM.from_pretrained(exported).eval()
+    text = write_documents(tmp_path / "docs.txt", seed=1)[0]
+    x = torch.tensor([enc.encode(text)[:32], enc.encode(text)[-32:]])  # (2, 32)
+    with torch.no_grad():
+        out = hf(x, labels=x)  # transformers shifts the labels itself
+        logits = model(x)[0][..., :50257]
+    loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), x[:, 1:].flatten())
+    assert logits.abs().max() > 5  # wide logits: a small slip would show
+    torch.testing.assert_close(out.logits, logits, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.loss, loss, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.gpt2_contract
+def test_export_cli_of_a_trained_checkpoint(trained, tmp_path):
+    # the command line on what train_gpt2.py wrote, into an empty directory made beforehand
+    (tmp_path / "hf").mkdir()
+    result = run("export_hf.py", trained, tmp_path / "hf")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"wrote {tmp_path / 'hf'}") and result.stderr == ""
+    assert {p.name for p in (tmp_path / "hf").iterdir()} == GPT2_FILES
+    assert [p.name for p in tmp_path.iterdir()] == ["hf"]  # no temporary left
+
+
+@pytest.mark.gpt2_contract
+def test_tokenizer_gives_tiktokens_ids(exported, tmp_path):
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(exported)
+    special = (tok.bos_token_id, tok.eos_token_id, tok.unk_token_id)
+    assert special == (50256, 50256, 50256)
+    assert (len(tok), tok.model_max_length) == (50257, 32)
+    enc = fineweb.get_tokenizer()
+    texts = varied_texts() + write_documents(tmp_path / "docs.txt", n=10)
+    expected = [enc.encode(text, allowed_special="all") for text in texts]
+    assert [tok(text)["input_ids"] for text in texts] == expected
+    assert [tok.decode(ids) for ids in expected] == texts
+    assert tok("a<|endoftext|>b")["input_ids"] == [64, 50256, 65]
+    # split_special_tokens: <|endoftext|> is text, as in encode_ordinary
+    ordinary = [enc.encode_ordinary(text) for text in texts]
+    assert tok(texts, split_special_tokens=True)["input_ids"] == ordinary
+    # tokenizer.json alone, for the tokenizers library
+    alone = Tokenizer.from_file(str(exported / "tokenizer.json"))
+    assert [e.ids for e in alone.encode_batch(texts)] == expected
+
+
+@pytest.mark.gpt2_contract
+def test_pipeline_generates_what_our_model_generates(exported, ours):
+    from transformers import pipeline
+
+    model, enc = ours
+    prompt = "The old king sang"
+    generate = pipeline("text-generation", model=str(exported), device="cpu")
+    [result] = generate(prompt, max_new_tokens=8, do_sample=False)
+    idx = torch.tensor([enc.encode(prompt)])
+    greedy = model.generate(idx, 8, temperature=0, vocab_limit=50257)
+    assert result["generated_text"] == enc.decode(greedy[0].tolist())
+    assert len(greedy[0]) == len(idx[0]) + 8
+
+
+def hellaswag_examples(n=12, seed=0):
+    # HellaSwag-shaped examples: a context, 4 endings, a label
+    rng = random.Random(seed)
+    examples = []
+    for _ in range(n):
+        ctx = f"{rng.choice(SUBJECTS)} {rng.choice(VERBS)} {rng.choice(PLACES)}. Then it"
+        endings = [f"{rng.choice(VERBS)} {rng.choice(PLACES)}." for _ in range(4)]
+        examples.append({"ctx": ctx, "endings": endings, "label": rng.randrange(4)})
+    return examples
+
+
+@pytest.mark.gpt2_contract
+def test_lm_eval_picks_what_hellaswag_py_picks(exported, ours):
+    # lm-evaluation-harness's `hf` model (HFLM) on the export and hellaswag.py's evaluate() on
+    # our model pick the same ending of each example by summed log-likelihood (acc). HFLM is
+    # driven directly: its own hellaswag task rewrites the text, so both score the same
+    # contexts and continuations here (context, " " + ending).
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+
+    examples = hellaswag_examples()
+    lm = HFLM(pretrained=str(exported), device="cpu", batch_size=16)
+    requests = []
+    for i, ex in enumerate(examples):
+        for ending in ex["endings"]:
+            args = (ex["ctx"], " " + ending)
+            requests.append(Instance("loglikelihood", ex, args, len(requests)))
+    loglik = torch.tensor([ll for ll, _ in lm.loglikelihood(requests, disable_tqdm=True)])
+    theirs = loglik.view(-1, 4).argmax(dim=1).tolist()
+
+    # evaluate()'s acc of one example labelled j is 1 where j is its pick
+    model, enc = ours
+    picks = []
+    for ex in examples:
+        accs = []
+        for j in range(4):
+            prepared = hellaswag.prepare([{**ex, "label": j}], enc, model.config.block_size)
+            accs.append(hellaswag.evaluate(model, prepared, "cpu")["acc"])
+        assert sorted(accs) == [0, 0, 0, 1]
+        picks.append(accs.index(1))
+    assert len(set(picks)) > 1  # the picks vary: agreeing on them means something
+    assert theirs == picks
+    prepared = hellaswag.prepare(examples, enc, model.config.block_size)
+    right = sum(p == ex["label"] for p, ex in zip(theirs, examples))
+    assert hellaswag.evaluate(model, prepared, "cpu")["acc"] == right / len(examples)
+
+
+@pytest.mark.gpt2_contract
+def test_char_checkpoint_exports_a_character_tokenizer(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
+
+    docs = write_documents(tmp_path / "docs.txt")
+    text = "\n\n\n".join(docs)
+    chars = "".join(sorted(set(text)))
+    ckpt = char_checkpoint(tmp_path / "model_00000.pt", chars)
+    model, enc = train_gpt2.load_model(ckpt)
+    out = export_hf.export_hf(ckpt, tmp_path / "hf")
+
+    tok = AutoTokenizer.from_pretrained(out)
+    assert (len(tok), tok.model_max_length) == (len(chars), 32)
+    ids = tok(text)["input_ids"]
+    assert ids == enc.encode(text)
+    assert tok.decode(ids) == text  # newlines, runs of spaces, punctuation as they were
+    with pytest.raises(Exception):  # a character the model never saw is an error, as with ours
+        tok("ü")
+
+    hf = AutoModelForCausalLM.from_pretrained(out).eval()
+    assert hf.config.vocab_size == len(chars) and hf.config.eos_token_id is None
+    x = torch.tensor([ids[:32], ids[100:132]])  # (2, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(hf(x).logits, model.eval()(x)[0], atol=1e-5, rtol=1e-5)
+    prompt = "Story 3\n\n"
+    generate = pipeline("text-generation", model=str(out), device="cpu")
+    [result] = generate(prompt, max_new_tokens=10, do_sample=False)
+    greedy = model.generate(torch.tensor([enc.encode(prompt)]), 10, temperature=0)
+    assert result["generated_text"] == enc.decode(greedy[0].tolist())
+
+
+def untied(monkeypatch):
+    # the head gets its own weights
+    class Untied(train_gpt2.GPT):
+        def __init__(self, config):
+            super().__init__(config)
+            self.lm_head.weight = torch.nn.Parameter(self.lm_head.weight.detach().clone())
+
+    monkeypatch.setattr(train_gpt2, "GPT", Untied)
+
+
+def erf_gelu(monkeypatch):
+    # the exact GELU instead of GPT-2's tanh approximation
+    def forward(self, x):
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))
+
+    monkeypatch.setattr(train_gpt2.MLP, "forward", forward)
+
+
+def soft_capped(monkeypatch):
+    # logits soft-capped at 5 (tanh), as some newer models do
+    forward = train_gpt2.GPT.forward
+
+    def capped(self, idx, targets=None, kv_cache=None):
+        logits, loss = forward(self, idx, targets, kv_cache)
+        return 5 * torch.tanh(logits / 5), loss
+
+    monkeypatch.setattr(train_gpt2.GPT, "forward", capped)
+
+
+@pytest.mark.parametrize("edit", [untied, erf_gelu, soft_capped])
+def test_a_model_gpt2_cannot_hold_is_refused(tmp_path, monkeypatch, edit):
+    # train_gpt2.GPT edited (as a user might edit the file): its checkpoint loads, but the
+    # exported model would compute other logits; one line, and nothing written
+    edit(monkeypatch)
+    ckpt = char_checkpoint(tmp_path / "model_00000.pt", "\n abcdefghij", n_embd=64)
+    with pytest.raises(SystemExit) as exc:
+        export_hf.main([str(ckpt), str(tmp_path / "hf")])
+    message = str(exc.value.code)
+    assert message.startswith("export_hf.py: error: GPT-2's format cannot hold this model")
+    assert "\n" not in message
+    assert [p.name for p in tmp_path.iterdir()] == ["model_00000.pt"]
+
+
+def test_bad_input_is_one_line(trained, tmp_path):
+    # real processes, all at once: each fails with one line on stderr and writes nothing
+    (tmp_path / "damaged.pt").write_bytes(trained.read_bytes()[:-1000])
+    foreign = {"model": {}, "model_config": {"layers": 2}, "step": 0}
+    torch.save(foreign, tmp_path / "foreign.pt")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "mine.txt").write_text("keep me")
+    cases = [
+        ([], "the following arguments are required: checkpoint, out_dir"),
+        ([tmp_path / "missing.pt"], "missing or damaged"),
+        ([tmp_path / "damaged.pt"], "missing or damaged"),
+        ([tmp_path / "foreign.pt"], "is not a checkpoint of train_gpt2.py's GPT"),
+        ([trained, tmp_path / "full"], "exists and is not an empty directory"),
+    ]
+    procs = []
+    for args, _ in cases:
+        out = [tmp_path / "out"] if len(args) == 1 else []
+        command = [sys.executable, "export_hf.py", *map(str, args + out)]
+        pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        procs.append(subprocess.Popen(command, cwd=ROOT, env=child_env(), **pipes))
+    for proc, (args, message) in zip(procs, cases):
+        stdout, stderr = proc.communicate(timeout=300)
+        assert proc.returncode != 0 and stdout == ""
+        assert stderr.startswith("export_hf.py: error: ") and message in stderr, stderr
+        assert stderr.count("\n") == 1
+    names = ["damaged.pt", "foreign.pt", "full"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == names
+    assert (tmp_path / "full" / "mine.txt").read_text() == "keep me"
+
+
+@pytest.mark.parametrize(
+    "what, message",
+    [
+        ("text.pt", "missing or damaged"),
+        ("a list", "is not a train_gpt2.py checkpoint"),
+        ("a file", "exists and is not an empty directory"),
+        ("no tokenizer", "is not a checkpoint of train_gpt2.py's GPT"),
+        ("small table", "fewer token rows than its tokenizer's ids"),
+    ],
+)
+def test_more_bad_input_in_process(trained, tmp_path, what, message):
+    # the same one-line errors through main(), in this process (no start-up to pay)
+    ckpt = tmp_path / "model_00002.pt"
+    out = tmp_path / "out"
+    if what == "text.pt":
+        ckpt.write_text("not a checkpoint\n")
+    elif what == "a list":
+        torch.save([1, 2, 3], ckpt)
+    else:
+        saved = train_gpt2.load_checkpoint(trained)
+        if what == "no tokenizer":
+            del saved["tokenizer"]
+        if what == "small table":
+            saved = train_gpt2.load_checkpoint(char_checkpoint(ckpt, "abc"))
+            saved["tokenizer"] = fineweb.tokenizer_info(fineweb.CharTokenizer("abcd"))
+        train_gpt2.save_checkpoint(ckpt, saved)
+    if what == "a file":
+        out.write_text("keep me")
+    with pytest.raises(SystemExit) as exc:
+        export_hf.main([str(ckpt), str(out)])
+    assert str(exc.value.code).startswith("export_hf.py: error: ")
+    assert message in str(exc.value.code) and "\n" not in str(exc.value.code)
+    left = ["model_00002.pt", "out"] if what == "a file" else ["model_00002.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == left

@@ -1,1378 +1,711 @@
-"""fineweb.py: documents, tokens, shards, manifest, the CLI and its errors."""
+"""fineweb.py: readers, tokenizers, shards and manifest, continuing, --overwrite,
+the hub offline, signals, and the one-line errors of the command line."""
 
 import errno
+import fcntl
 import hashlib
-import itertools
 import json
 import os
-import pickle
-import signal
 import shutil
+import signal
 import subprocess
 import sys
 import time
-import zlib
 from pathlib import Path
 
 import numpy as np
-import psutil
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
-import fineweb
-import launcher
-from helpers import child_env, default_stop_signals, many_characters
-
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import fineweb  # noqa: E402
+
 EOT = 50256
-ROOT_USER = os.geteuid() == 0  # root reads and writes whatever chmod says
-
-DOCS = [
-    "Hello, I'm a language model.",
-    "Ünïcödé, 中文, emoji 🙂 and a literal <|endoftext|> that must stay ordinary text.",
-    "  leading spaces and\ttabs\n\nand a paragraph break inside one document  ",
-    "To be, or not to be, that is the question: " * 12,  # the long one: spans several small shards
-    "x",
-]
+WORDS = (
+    "the of and a to in is was he for it with as his on be at by this had not are but "
+    "from or have an they which one you were her all she there would their we him been "
+    "has when who will more no if out so said what up its about into than them can only"
+).split()
 
 
-@pytest.fixture(scope="module")
-def enc():
-    return fineweb.load_tokenizer()
+def make_docs(n, seed=0, words=(5, 60)):
+    """n documents of sentences of random words, each with a paragraph break."""
+    rng = np.random.default_rng(seed)
+    docs = []
+    for i in range(n):
+        body = " ".join(rng.choice(WORDS, rng.integers(*words)))
+        tail = " ".join(rng.choice(WORDS, 5))
+        docs.append(f"Doc {seed}-{i}: {body.capitalize()}.\n\n{tail}.")
+    return docs
 
 
-def expected_stream(enc, docs):
-    return np.concatenate([[EOT] + enc.encode_ordinary(d) for d in docs]).astype(np.uint16)
+def write_txt(path, docs):
+    path.write_text("\n\n\n".join(docs) + "\n")
+    return path
 
 
-def read_shards(out_dir):
-    """(manifest, concatenated tokens, per-shard arrays) of a finished output directory."""
+def write_jsonl(path, docs):
+    path.write_text("".join(json.dumps({"text": d, "id": i}) + "\n" for i, d in enumerate(docs)))
+    return path
+
+
+def write_parquet(path, docs, field="text"):
+    pq.write_table(pa.table({field: docs, "id": list(range(len(docs)))}), path)
+    return path
+
+
+def gpt2_stream(docs):
+    enc = fineweb.get_tokenizer()
+    ids = [t for d in docs for t in [EOT] + enc.encode_ordinary(d)]
+    return np.array(ids, dtype=np.uint16)
+
+
+def read_corpus(out_dir):
+    """(manifest, the shards' tokens concatenated in manifest order)."""
     manifest = json.loads((Path(out_dir) / "manifest.json").read_text())
     arrays = [np.load(Path(out_dir) / s["file"]) for s in manifest["shards"]]
-    for arr, shard in zip(arrays, manifest["shards"], strict=True):
+    for arr, shard in zip(arrays, manifest["shards"]):
         assert arr.dtype == np.uint16 and arr.ndim == 1 and len(arr) == shard["tokens"]
-    return manifest, np.concatenate(arrays), arrays
+    return manifest, np.concatenate(arrays)
 
 
-def check_layout(manifest, prefix, shard_size):
-    """Names {prefix}_{split}_{index:06d}.npy, shard 0 val, full shards then the remainder, counts add up."""
-    shards = manifest["shards"]
-    assert [s["file"] for s in shards] == [
-        f"{prefix}_{'val' if i == 0 else 'train'}_{i:06d}.npy" for i in range(len(shards))
-    ]
-    assert [s["split"] for s in shards] == ["val"] + ["train"] * (len(shards) - 1)
-    assert sum(s["tokens"] for s in shards) == manifest["total_tokens"]
-    if manifest["small_corpus_split"] is None:
-        assert all(s["tokens"] == shard_size for s in shards[:-1])
-        assert 0 < shards[-1]["tokens"] <= shard_size
-        assert len(shards) == -(-manifest["total_tokens"] // shard_size)
+def files_of(directory):
+    """{relative path: bytes} of every file under directory but the lock."""
+    root = Path(directory)
+    paths = [p for p in root.rglob("*") if p.is_file() and p.name != ".lock"]
+    return {str(p.relative_to(root)): p.read_bytes() for p in paths}
 
 
-def run_main(*args, **kw):
-    """fineweb.main in this process (the tokenizer is loaded already), without a progress bar."""
-    return fineweb.main([str(a) for a in args] + ["--no_progress"], **kw)
+def run_main(*args):
+    """fineweb.main in this process: returns the manifest."""
+    return fineweb.main([str(a) for a in args])
 
 
-def stopped(*args, **kw) -> str:
-    """The one-line message of a fineweb.main run that stops."""
+def refused(*args):
+    """The one-line message of an in-process fineweb.main that stops."""
     with pytest.raises(SystemExit) as exc:
-        run_main(*args, **kw)
-    assert isinstance(exc.value.code, str) and "\n" not in exc.value.code, exc.value.code
+        run_main(*args)
+    assert isinstance(exc.value.code, str) and "\n" not in exc.value.code
     return exc.value.code
 
 
-def files_of(directory) -> dict:
-    """{name: bytes} of the files in a directory (its subdirectories: name -> None)."""
-    return {p.name: None if p.is_dir() else p.read_bytes() for p in sorted(Path(directory).iterdir())
-            if p.name != ".lock"}  # the lock file every run takes (run_files.lock_directory)
+def child_env(tmp_path):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    env.update(HF_HOME=str(tmp_path / "hf"), HF_HUB_CACHE=str(tmp_path / "hf" / "hub"))
+    env.pop("HF_ENDPOINT", None)
+    return env
 
 
-def listing(directory) -> list[str]:
-    return sorted(files_of(directory))
+def cli(tmp_path, *args, timeout=120):
+    """fineweb.py as a real process (offline, its caches in tmp_path)."""
+    command = [sys.executable, "fineweb.py", *map(str, args)]
+    return subprocess.run(
+        command,
+        cwd=ROOT,
+        env=child_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
-def assert_same_corpus(out, ref):
-    """out holds exactly ref's files, byte for byte, but for the manifest's "seconds" (time, not content)."""
-    got, want = files_of(out), files_of(ref)
-    assert sorted(got) == sorted(want)
-    manifest, ref_manifest = (json.loads(files.pop("manifest.json")) for files in (got, want))
-    assert {**manifest, "seconds": None} == {**ref_manifest, "seconds": None}
-    assert got == want  # the shards
+def default_signals():
+    # what a shell gives a command it starts (pytest-xdist ignores SIGINT)
+    for sig in fineweb.STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
 
 
-def max_boundaries_crossed(lengths, shard_size):
-    """The most shard boundaries that fall strictly inside one document."""
-    start, most = 0, 0
-    for n in lengths:
-        end = start + n
-        most = max(most, (end - 1) // shard_size - start // shard_size)
-        start = end
-    return most
+def start(tmp_path, *args, preexec_fn=default_signals, **popen):
+    """fineweb.py started as a real process, as a shell starts it."""
+    command = [sys.executable, "fineweb.py", *map(str, args)]
+    return subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env=child_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=preexec_fn,
+        **popen,
+    )
 
 
-# ----------------------------------------------------------------------------------------------------------
+def wait_for(path, proc, timeout=60):
+    deadline = time.monotonic() + timeout
+    while not Path(path).exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, f"no {path} after {timeout} s"
+        time.sleep(0.01)
+
+
+def one_line_error(proc, message):
+    """The process failed with exactly one line on stderr, containing message."""
+    assert proc.returncode not in (0, None), proc.stdout
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+# -----------------------------------------------------------------------------
 # Documents
 
 
 def test_txt_documents_are_separated_by_two_blank_lines(tmp_path):
     path = tmp_path / "c.txt"
     path.write_bytes(
-        b"\n\nfirst doc line 1\nline 2\n\nsame doc after one blank line\n"
-        b"\n  \t\n"  # a blank line and a whitespace-only line: two blank lines end the document
+        b"\xef\xbb\xbf\n\nfirst doc line 1\nline 2\n\nsame doc after one blank line\n"
+        b"\n  \t\n"  # a blank line and a whitespace-only one end the document
         b"second doc\r\n\r\n\r\n\r\n"  # CRLF, three blank lines
-        b"third doc\n\n\n\n\n"
-        b"   \n\n\n"  # nothing but whitespace: no document
+        b"third doc\n\n\n\n\n   \n\n\n"  # trailing whitespace only: no document
     )
-    assert list(fineweb.iter_documents([path])) == [
+    assert list(fineweb.read_documents(path)) == [
         "first doc line 1\nline 2\n\nsame doc after one blank line",
         "second doc",
         "third doc",
     ]
 
 
-def test_txt_documents_do_not_depend_on_read_chunks(tmp_path):
-    # The reader splits large chunks with a regex; separators and blank lines straddle chunk edges here.
-    path = tmp_path / "c.txt"
-    path.write_text("a b\n\n c\n \n\t\n\n d\n\n\ne\n  \n")
-    for chunk_chars in (1, 2, 3, 5, 1 << 20):
-        assert list(fineweb.iter_txt_documents(path, chunk_chars)) == ["a b\n\n c", "d", "e"]
+def test_input_txt_holds_one_document_per_play():
+    docs = list(fineweb.read_documents(ROOT / "input.txt"))
+    assert len(docs) == 8 and min(len(d) for d in docs) > 50_000
+    assert all(d.splitlines()[2] == "by William Shakespeare" for d in docs)
 
 
-def test_txt_without_a_gap_is_one_document(tmp_path):
-    path = tmp_path / "c.txt"
-    path.write_text("a\nb\n\nc\n")
-    assert list(fineweb.iter_documents([path])) == ["a\nb\n\nc"]
-
-
-def test_input_txt_gives_one_document_per_play():
-    docs = list(fineweb.iter_documents([ROOT / "input.txt"]))
-    assert 5 <= len(docs) <= 20
-    assert min(len(d) for d in docs) > 50_000  # whole plays, not lines or scenes
-    assert docs[0].startswith("ALL'S WELL THAT ENDS WELL")
-    assert all("by William Shakespeare" in d[:200] for d in docs)
-
-
-def test_byte_order_mark_at_the_start_of_a_file_is_not_text(tmp_path):
-    bom = "\ufeff"
-    txt, jsonl = tmp_path / "a.txt", tmp_path / "b.jsonl"
-    txt.write_text(bom + "first\n\n\n" + bom + "second keeps its mark")  # elsewhere U+FEFF is ordinary text
-    jsonl.write_text(bom + '{"text": "one"}\n' + json.dumps({"text": bom + "two"}) + "\n")
-    assert list(fineweb.iter_documents([txt, jsonl])) == ["first", bom + "second keeps its mark", "one", bom + "two"]
-    assert list(fineweb.iter_txt_documents(txt, chunk_chars=1)) == ["first", bom + "second keeps its mark"]
-
-
-def test_jsonl_and_parquet_documents(tmp_path):
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
+def test_jsonl_and_parquet_read_their_text_field(tmp_path):
     jsonl = tmp_path / "a.jsonl"
-    jsonl.write_text('{"text": "one", "id": 1}\n\n{"text": ""}\n{"text": null}\n{"text": "two"}\n')
-    parquet = tmp_path / "b.parquet"
-    pq.write_table(pa.table({"content": ["three", None, "four"]}), parquet)
-    assert list(fineweb.iter_documents([jsonl])) == ["one", "two"]  # empty and null texts are skipped
-    assert list(fineweb.iter_documents([parquet], text_field="content")) == ["three", "four"]
-
-
-@pytest.mark.parametrize(
-    "name, content, message",
-    [
-        ("a.jsonl", '{"text": "ok"}\n{"text": "ok"\n', "a.jsonl:2: malformed JSON line"),
-        ("a.jsonl", '{"body": "ok"}\n', "a.jsonl:1: no field 'text' (fields: 'body')"),
-        ("a.jsonl", '["text"]\n', "a.jsonl:1: expected a JSON object"),
-        ("a.jsonl", '{"text": 3}\n', "field 'text' is int, not a string"),
-        ("a.txt", b"ok\n\xff\xfe\n", "a.txt: not UTF-8 text"),
-        ("a.csv", "text\nok\n", "unknown file type '.csv'"),
-    ],
-)
-def test_reader_errors(tmp_path, name, content, message):
-    path = tmp_path / name
-    path.write_bytes(content if isinstance(content, bytes) else content.encode())
-    with pytest.raises(fineweb.CorpusError, match="^.*" + message.replace("(", r"\(").replace(")", r"\)")):
-        list(fineweb.iter_documents([path]))
-
-
-def test_batches_keep_order_and_whole_documents():
-    docs = ["a" * 10, "b" * 300, "c", "d" * 50, "e"]
-    batches = list(fineweb.batch_documents(docs, max_chars=100, max_docs=3))
-    assert [d for b in batches for d in b] == docs
-    assert batches[0] == ["a" * 10, "b" * 300]  # a document is never cut
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Tokens
-
-
-def test_tokenize_batch_is_eot_then_ordinary_tokens(enc):
-    arrays, crcs = fineweb.tokenize_batch(DOCS)
-    assert crcs == [zlib.crc32(doc.encode()) for doc in DOCS]  # what a continued run checks skipped documents with
-    for doc, arr in zip(DOCS, arrays, strict=True):
-        assert arr.dtype == np.uint16
-        assert arr.tolist() == [EOT] + enc.encode_ordinary(doc)
-        assert EOT not in arr[1:]  # the literal text "<|endoftext|>" is not the special token
-
-
-def test_pool_and_no_pool_agree(enc):
-    docs = DOCS * 40
-    serial = [a for arrays, _ in fineweb.tokenize_documents(docs, enc, workers=1) for a in arrays]
-    pooled = [a for arrays, _ in fineweb.tokenize_documents(docs, enc, workers=2) for a in arrays]
-    assert len(serial) == len(pooled) == len(docs)
-    assert all(np.array_equal(a, b) for a, b in zip(serial, pooled, strict=True))
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Shards
-
-
-@pytest.mark.parametrize("shard_size, crossings", [(20, 1), (12, 2), (10, 3)])
-def test_shard_writer_conserves_tokens(tmp_path, shard_size, crossings):
-    rng = np.random.default_rng(0)
-    lengths = [7, 25, 4, 9]  # 45 tokens; the 25-token document crosses `crossings` shard boundaries
-    assert max_boundaries_crossed(lengths, shard_size) == crossings
-    docs = [np.concatenate([[EOT], rng.integers(0, EOT, n - 1)]).astype(np.uint16) for n in lengths]
-    writer = fineweb.ShardWriter(tmp_path, "t", shard_size)
-    for d in docs:
-        writer.add(d)
-    shards = writer.close()
-    arrays = [np.load(tmp_path / s["file"]) for s in shards]
-    assert np.array_equal(np.concatenate(arrays), np.concatenate(docs))
-    assert [len(a) for a in arrays] == [shard_size] * (45 // shard_size) + [45 % shard_size]
-    assert [s["tokens"] for s in shards] == [len(a) for a in arrays]
-    assert writer.docs == 4 and writer.tokens == 45 and writer.small_split is None
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(s["file"] for s in shards)  # no temp files
-
-
-def test_document_longer_than_two_shards(tmp_path):
-    writer = fineweb.ShardWriter(tmp_path, "t", 4)
-    writer.add(np.array([EOT, 1, 2], np.uint16))
-    writer.add(np.array([EOT] + list(range(10, 21)), np.uint16))  # 12 tokens: shards 0..3
-    shards = writer.close()
-    assert [s["tokens"] for s in shards] == [4, 4, 4, 3]
-    assert np.concatenate([np.load(tmp_path / s["file"]) for s in shards]).tolist() == (
-        [EOT, 1, 2, EOT] + list(range(10, 21))
+    jsonl.write_text(
+        '{"text": " one ", "id": 1}\n\n{"text": ""}\n{"text": null}\n{"text": "two"}\n'
     )
-
-
-@pytest.mark.parametrize("crossings", [1, 2, 3])
-def test_pipeline_conserves_tokens_across_boundaries(tmp_path, enc, crossings):
-    lengths = [1 + len(enc.encode_ordinary(d)) for d in DOCS]
-    total = sum(lengths)
-    shard_size = next(s for s in range(total - 1, 0, -1) if max_boundaries_crossed(lengths, s) == crossings)
-    manifest = fineweb.run_pipeline(DOCS, tmp_path, "p", shard_size, enc, source={"type": "test"})
-    got, stream, _ = read_shards(tmp_path)
-    assert got == manifest
-    assert np.array_equal(stream, expected_stream(enc, DOCS))
-    check_layout(manifest, "p", shard_size)
-    assert manifest["total_documents"] == len(DOCS) and manifest["total_tokens"] == total
-    assert (manifest["tokenizer"], manifest["vocab_size"], manifest["eot_token"], manifest["dtype"]) == (
-        "gpt2", 50257, EOT, "uint16")
-
-
-def test_exactly_one_shard_is_a_small_corpus_and_one_more_token_is_not(tmp_path):
-    doc = np.array([EOT] + list(range(1, 20)), np.uint16)  # 20 tokens
-    one = fineweb.ShardWriter(tmp_path / "one", "t", 20)
-    one.add(doc)
-    assert [s["tokens"] for s in one.close()] == [2, 18]  # 10% of 20, mid-document
-    two = fineweb.ShardWriter(tmp_path / "two", "t", 19)
-    two.add(doc)
-    assert [s["tokens"] for s in two.close()] == [19, 1]
-
-
-def test_small_corpus_val_size():
-    def val_size(*doc_lengths):  # documents of these lengths, back to back
-        starts = np.cumsum([0, *doc_lengths[:-1]])
-        return fineweb.small_corpus_val_size(sum(doc_lengths), starts)
-
-    assert val_size(100) == 10  # one document: cut at 10%
-    assert val_size(12, 88) == 12  # boundary at 12% is within 5-20%
-    assert val_size(7, 2, 91) == 9  # the boundary nearest to 10%
-    assert val_size(30, 70) == 10  # 30% is outside the window
-    assert val_size(2) == 1  # the smallest corpus still splits
-    with pytest.raises(fineweb.CorpusError, match="at least 2"):
-        val_size(1)
-
-
-def test_small_corpus_cuts_where_a_document_starts_whatever_its_tokens(tmp_path):
-    # Boundaries are where add() was called, not where an <|endoftext|> id is: the char tokenizer has none.
-    writer = fineweb.ShardWriter(tmp_path, "t", 1000)
-    for n in (11, 89):
-        writer.add(np.full(n, 7, np.uint16))
-    assert [s["tokens"] for s in writer.close()] == [11, 89]
-    assert writer.small_split["at_document_boundary"]
-
-
-def test_empty_writer_refuses(tmp_path):
-    with pytest.raises(fineweb.CorpusError, match="no documents"):
-        fineweb.ShardWriter(tmp_path, "t", 10).close()
-    assert not any(tmp_path.iterdir())
-
-
-def test_failed_run_keeps_its_finished_shards_and_records_where_they_end(tmp_path, enc):
-    import run_files
-
-    every = DOCS * 300  # more than a batch (fineweb.BATCH_DOCS): the first batches are written before the error
-
-    def docs():
-        yield from every
-        raise fineweb.CorpusError("boom")
-
-    with pytest.raises(fineweb.CorpusError, match="boom"):
-        fineweb.run_pipeline(docs(), tmp_path, "p", 2000, enc)
-    record = fineweb.read_progress(tmp_path)
-    shards = record["shards"]
-    assert len(shards) >= 3 and sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        [s["file"] for s in shards] + [run_files.FINEWEB_INCOMPLETE])  # no temp file, no unrecorded shard
-    for s in shards:
-        data = (tmp_path / s["file"]).read_bytes()
-        assert (len(data), hashlib.sha256(data).hexdigest()) == (s["bytes"], s["sha256"])
-    # The record says where the finished tokens end: documents[:d], then skip_tokens of document d.
-    d, skip = record["documents"], record["skip_tokens"]
-    finished = np.concatenate([np.load(tmp_path / s["file"]) for s in shards])
-    assert np.array_equal(finished, np.concatenate([expected_stream(enc, every[:d]), expected_stream(enc, [every[d]])[:skip]]))
-    checksum = 0  # of the documents before d: a CRC-32 of their CRC-32s
-    for doc in every[:d]:
-        checksum = zlib.crc32(zlib.crc32(doc.encode()).to_bytes(4, "little"), checksum)
-    assert record["checksum"] == checksum
-    with pytest.raises(ValueError, match="holds an unfinished fineweb.py output"):
-        run_files.find_shards(tmp_path)  # the trainer still refuses it
-
-
-def test_shards_carry_their_sha256_and_the_manifest_a_fingerprint(tmp_path, enc):
-    manifest = fineweb.run_pipeline(DOCS * 3, tmp_path, "p", 40, enc)
-    lines = []
-    for s in manifest["shards"]:
-        assert s["sha256"] == hashlib.sha256((tmp_path / s["file"]).read_bytes()).hexdigest()
-        lines.append(f"{s['file']} {s['tokens']} {s['sha256']}")
-    assert manifest["fingerprint"] == hashlib.sha256("\n".join(lines).encode()).hexdigest()
-    assert len(manifest["shards"]) > 3
-
-
-def test_input_txt_yields_val_and_train_with_default_shard_size(tmp_path, capsys):
-    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
-    manifest = fineweb.main(["--local", str(ROOT / "input.txt"), "--out_dir", str(tmp_path),
-                             "--workers", "1", "--no_progress"])
-    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers  # restored
-    assert [s["file"] for s in manifest["shards"]] == ["input_val_000000.npy", "input_train_000001.npy"]
-    # The GPT-2 shards are byte for byte those of the earlier fineweb.py (np.save, before the char tokenizer).
-    assert [hashlib.sha256((tmp_path / s["file"]).read_bytes()).hexdigest()[:16] for s in manifest["shards"]] == [
-        "7a756ad351abc096", "955c2300c3dd94ba"]
-    assert (manifest["tokenizer"], manifest["eot_token"], manifest["dataset"]) == ("gpt2", EOT, "local")
-    assert "vocab" not in manifest
-    split = manifest["small_corpus_split"]
-    assert split["at_document_boundary"]  # val is the first play
-    assert 0.05 <= split["val_tokens"] / manifest["total_tokens"] <= 0.2
-    assert 5 <= manifest["total_documents"] <= 20
-    out = capsys.readouterr().out
-    assert "small corpus" in out and "done: " in out
-
-
-def test_hub_path_streams_a_local_dataset_offline(tmp_path, enc):
-    # The FineWeb code path (datasets.load_dataset, streaming) on a dataset directory: no network needed.
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    data = tmp_path / "ds"
-    data.mkdir()
-    pq.write_table(pa.table({"text": DOCS, "id": list(range(len(DOCS)))}), data / "train.parquet")
-    out = tmp_path / "out"
-    manifest = fineweb.main(["--dataset", str(data), "--name", "", "--split", "train", "--out_dir", str(out),
-                             "--shard_size", "40", "--workers", "1", "--no_progress"])
-    assert manifest["source"] == {"type": "hub", "dataset": str(data), "name": "", "split": "train",
-                                  "text_field": "text"}
-    assert manifest["dataset"] == str(data)  # a hub dataset other than FineWeb-Edu: its name
-    _, stream, _ = read_shards(out)
-    assert np.array_equal(stream, expected_stream(enc, DOCS))
-
-
-def test_manifest_dataset_names_fineweb_edu():
-    assert fineweb.dataset_name({"type": "hub", "dataset": "HuggingFaceFW/fineweb-edu", "name": "sample-10BT"}) == (
-        "fineweb-edu")
-    assert fineweb.dataset_name({"type": "hub", "dataset": "HuggingFaceFW/fineweb"}) == "HuggingFaceFW/fineweb"
-    assert fineweb.dataset_name({"type": "local", "files": []}) == "local"
-
-
-def test_interrupt_just_after_the_manifest_leaves_a_finished_corpus(tmp_path, monkeypatch):
-    import run_files
-
-    corpus = tmp_path / "c.txt"
-    corpus.write_text("\n\n\n".join(DOCS))
-    real = fineweb.write_manifest
-
-    def then_interrupt(out_dir, manifest):
-        real(out_dir, manifest)
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(fineweb, "write_manifest", then_interrupt)
-    out = tmp_path / "out"
-    assert stopped("--local", corpus, "--out_dir", out, "--shard_size", 16).startswith("fineweb.py: interrupted")
-    monkeypatch.undo()
-    splits, manifest, _ = run_files.find_shards(out)  # the manifest is the commit point: the trainer takes it
-    assert len(splits["train"]) == len(manifest["shards"]) - 1 > 2
-    message = stopped("--local", corpus, "--out_dir", out, "--shard_size", 16)  # nothing to continue
-    assert "already holds a finished corpus (manifest.json); pass --overwrite to replace it" in message
-
-
-# ----------------------------------------------------------------------------------------------------------
-# The char tokenizer
-
-
-def char_stream(docs):
-    """What --tokenizer char writes: each document's characters, then a blank line."""
-    return "".join(d + "\n\n" for d in docs)
-
-
-def test_gpt2_tokenizer_known_ids_and_roundtrip():
-    enc = fineweb.get_tokenizer()
-    assert enc.encode("Hello, I'm a language model,") == [15496, 11, 314, 1101, 257, 3303, 2746, 11]
-    assert enc.eot_token == 50256 and enc.n_vocab == 50257
-    assert enc.encode(" the") == [262] and enc.encode("\n") == [198] and enc.encode("!") == [0]
-    assert enc.encode("Hello world") == [15496, 995]
-    assert enc.encode("<|endoftext|>", allowed_special="all") == [50256]
-    assert enc.decode([50256]) == "<|endoftext|>"
-    for text in ["", "Hello, world!", "naïve café — 日本語 🤖", "  two  spaces\n\ttab\r\n", "it's we'll they've"]:
-        assert enc.decode(enc.encode(text)) == text
-
-
-def test_gpt2_tokenizer_needs_no_network(monkeypatch):
-    import tiktoken
-    import tiktoken.load
-
-    def no_network(*args, **kwargs):
-        raise AssertionError("get_tokenizer tried to fetch or look up a remote encoding")
-
-    monkeypatch.setattr(tiktoken, "get_encoding", no_network)
-    monkeypatch.setattr(tiktoken.load, "read_file", no_network)
-    monkeypatch.setattr(tiktoken.load, "read_file_cached", no_network)
-    enc = fineweb.get_tokenizer.__wrapped__(fineweb.GPT2_VOCAB_FILE)  # uncached: really builds it
-    assert enc.encode(" the") == [262]
-
-
-def test_gpt2_tokenizer_rejects_a_corrupted_vocab(tmp_path):
-    bad = tmp_path / "gpt2.tiktoken"
-    data = bytearray(fineweb.GPT2_VOCAB_FILE.read_bytes())
-    i = data.index(b" ", 1000) - 1  # a base64 character of some token
-    data[i] = ord("A") if data[i] != ord("A") else ord("B")
-    bad.write_bytes(bytes(data))
-    with pytest.raises(ValueError, match="vocab|sha256"):
-        fineweb.get_tokenizer(bad)
-    with pytest.raises((ValueError, FileNotFoundError, OSError)):
-        fineweb.get_tokenizer(tmp_path / "absent.tiktoken")
-
-
-def test_char_tokenizer_and_tokenizer_from_manifest():
-    tg = fineweb
-    tok = tg.CharTokenizer("\n ab")
-    assert (tok.name, tok.n_vocab, tok.eot_token, tok.chars) == ("char", 4, None, "\n ab")
-    assert tok.encode_ordinary("ab a\n") == [2, 3, 1, 2, 0] == tok.encode("ab a\n", allowed_special="all")
-    assert tok.decode(np.array([2, 3, 0], np.uint16)) == "ab\n"
-    assert pickle.loads(pickle.dumps(tok)).encode_ordinary("ba") == [3, 2]  # pool workers receive it pickled
-    with pytest.raises(ValueError, match="character 'c' is not in the vocabulary"):
-        tok.encode_ordinary("abc")
-    with pytest.raises(ValueError, match="token id 4 is not in 0..3"):
-        tok.decode([4])
-    for chars in ("ba", "aa", ""):
-        with pytest.raises(ValueError, match="sorted, unique"):
-            tg.CharTokenizer(chars)
-    assert tg.tokenizer_from_manifest({"tokenizer": "gpt2"}) is tg.get_tokenizer()
-    assert tg.tokenizer_from_manifest({}) is tg.get_tokenizer()  # manifests from before the key existed
-    assert tg.tokenizer_from_manifest({"tokenizer": "char", "vocab": "ab"}).chars == "ab"
-    for info in ({"tokenizer": "char"}, {"tokenizer": "bpe"}):
-        with pytest.raises(ValueError, match="expected 'gpt2', or 'char'"):
-            tg.tokenizer_from_manifest(info)
-
-
-def test_char_input_txt_has_77_characters_and_splits_at_a_play(tmp_path):
-    manifest = fineweb.main(["--local", str(ROOT / "input.txt"), "--tokenizer", "char", "--out_dir", str(tmp_path),
-                             "--workers", "1", "--no_progress"])
-    vocab = manifest["vocab"]
-    assert (manifest["tokenizer"], manifest["vocab_size"], len(vocab), manifest["eot_token"]) == ("char", 77, 77, None)
-    assert list(vocab) == sorted(set(vocab)) and "\n" in vocab
-    _, stream, _ = read_shards(tmp_path)
-    docs = list(fineweb.iter_documents([ROOT / "input.txt"]))
-    tok = fineweb.tokenizer_from_manifest(manifest)
-    assert tok.decode(stream) == char_stream(docs)
-    assert manifest["small_corpus_split"]["at_document_boundary"]
-    assert manifest["small_corpus_split"]["val_tokens"] == len(char_stream(docs[:1]))  # val is the first play
-
-
-def test_cli_char_round_trips_with_spawned_workers(tmp_path):
-    path = tmp_path / "c.jsonl"  # .jsonl: documents are taken as they are, surrounding whitespace included
-    path.write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCS * 3))
-    out = tmp_path / "out"
-    proc = run_cli("--local", path, "--out_dir", out, "--tokenizer", "char", "--shard_size", "300",
-                   "--workers", 2, "--start_method", "spawn", "--no_progress")
-    assert proc.returncode == 0, proc.stderr
-    manifest, stream, _ = read_shards(out)
-    check_layout(manifest, "c", 300)
-    assert manifest["vocab"] == "".join(sorted(set(char_stream(DOCS))))
-    assert (manifest["dataset"], manifest["eot_token"]) == ("local", None)
-    assert manifest["vocab_size"] == len(manifest["vocab"])
-    assert fineweb.load_tokenizer(manifest["vocab"]).decode(stream) == char_stream(DOCS * 3)
-
-
-def test_char_small_corpus_cuts_at_a_document_start(tmp_path):
-    docs = ["a" * 12, "b" * 86]  # with their blank lines: 14 + 88 characters, a boundary at 13.7%
-    manifest = fineweb.run_pipeline(docs, tmp_path, "p", 1000, fineweb.load_tokenizer("\nab"))
-    assert manifest["small_corpus_split"] == {"val_tokens": 14, "train_tokens": 88, "at_document_boundary": True}
-
-
-def test_char_refuses_more_characters_than_uint16_holds(tmp_path):
-    path = tmp_path / "many.txt"
-    path.write_text(many_characters(70_000))
-    with pytest.raises(SystemExit) as exc:
-        fineweb.main(["--local", str(path), "--tokenizer", "char", "--out_dir", str(tmp_path / "out")])
-    assert exc.value.code.startswith("fineweb.py: error: the corpus has 67,953 distinct characters, more than the "
-                                     "65,536 ids of a uint16 shard")
-    assert not (tmp_path / "out").exists()
-
-
-# ----------------------------------------------------------------------------------------------------------
-# CLI, end to end
-
-
-def run_cli(*args, cwd=ROOT):
-    return launcher.run([sys.executable, str(ROOT / "fineweb.py"), *args], cwd=cwd, env=child_env(), timeout=120)
-
-
-def assert_error(proc, message, code=1):
-    """Nonzero exit, no traceback, and the message on the last stderr line."""
-    assert proc.returncode == code, proc.stderr
-    assert "Traceback" not in proc.stderr
-    last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("fineweb.py: error: ") and message in last, proc.stderr
-
-
-def test_cli_txt_with_spawn(tmp_path, enc):
-    path = tmp_path / "c.txt"
-    path.write_text("\n\n\n".join(DOCS) + "\n")
-    out = tmp_path / "out"
-    proc = run_cli("--local", path, "--out_dir", out, "--workers", 2, "--start_method", "spawn")
-    assert proc.returncode == 0, proc.stderr
-    assert "small corpus" in proc.stdout and "done: 5 documents" in proc.stdout
-    manifest, stream, _ = read_shards(out)
-    expected = expected_stream(enc, [d.strip() for d in DOCS])
-    assert np.array_equal(stream, expected)
-    assert [s["file"] for s in manifest["shards"]] == ["c_val_000000.npy", "c_train_000001.npy"]
-    assert manifest["source"]["files"] == [str(path.resolve())]
-
-
-def test_cli_jsonl_and_parquet(tmp_path, enc):
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    jsonl, parquet = tmp_path / "c.jsonl", tmp_path / "c.parquet"
-    jsonl.write_text("".join(json.dumps({"content": d, "n": i}) + "\n" for i, d in enumerate(DOCS * 3)))
-    pq.write_table(pa.table({"content": DOCS * 2, "id": list(range(10))}), parquet, row_group_size=3)
-    out = tmp_path / "out"
-    proc = run_cli("--local", jsonl, parquet, "--out_dir", out, "--workers", 2, "--shard_size", "1_00",
-                   "--text_field", "content", "--prefix", "mix")
-    assert proc.returncode == 0, proc.stderr
-    manifest, stream, _ = read_shards(out)
-    assert np.array_equal(stream, expected_stream(enc, DOCS * 5))  # files in the order given
-    check_layout(manifest, "mix", 100)
-    assert len(manifest["shards"]) > 3 and manifest["total_documents"] == 25
-
-
-def test_cli_refuses_to_mix_corpora_and_overwrite_replaces(tmp_path, enc):
-    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
-    a.write_text("\n\n\n".join(DOCS))
-    b.write_text("a different corpus")
-    out = tmp_path / "out"
-    fineweb.main(["--local", str(a), "--out_dir", str(out), "--prefix", "x", "--shard_size", "16",
-                  "--workers", "1", "--no_progress"])
-    before = listing(out)
-    assert len(before) > 3
-
-    proc = run_cli("--local", b, "--out_dir", out, "--prefix", "x")
-    assert_error(proc, "already holds a finished corpus (manifest.json); pass --overwrite to replace it, or choose "
-                       "another --out_dir")
-    proc = run_cli("--local", b, "--out_dir", out, "--prefix", "y", "--overwrite")
-    assert_error(proc, "holds shards with another prefix")
-    assert listing(out) == before  # nothing touched
-
-    fineweb.main(["--local", str(b), "--out_dir", str(out), "--prefix", "x", "--overwrite",
-                  "--workers", "1", "--no_progress"])
-    manifest, stream, _ = read_shards(out)
-    assert listing(out) == ["manifest.json", "x_train_000001.npy", "x_val_000000.npy"]
-    assert np.array_equal(stream, expected_stream(enc, ["a different corpus"]))
-
-
-def test_cli_manifest_alone_blocks_too(tmp_path):
-    (tmp_path / "manifest.json").write_text("{}")
-    (tmp_path / "c.txt").write_text("text")
-    assert_error(run_cli("--local", tmp_path / "c.txt", "--out_dir", tmp_path), "pass --overwrite")
-
-
-@pytest.mark.parametrize(
-    "name, content, extra, message",
-    [
-        (None, None, [], "missing.txt: no such file"),
-        ("c.csv", "text\n", [], "unknown file type '.csv'"),
-        ("c.txt", "\n  \n\n", [], "no documents in"),
-        ("c.jsonl", "", [], "no documents in"),
-        ("c.jsonl", '{"body": "x"}\n', [], "c.jsonl:1: no field 'text'"),
-        ("c.jsonl", "{not json}\n", [], "c.jsonl:1: malformed JSON line"),
-        ("c.parquet", None, ["--text_field", "body"], "no column 'body' (columns: 'text')"),
-    ],
-)
-def test_cli_input_errors(tmp_path, name, content, extra, message):
-    if name is None:
-        path = tmp_path / "missing.txt"
-    elif name.endswith(".parquet"):
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        path = tmp_path / name
-        pq.write_table(pa.table({"text": ["x"]}), path)
-    else:
-        path = tmp_path / name
+    parquet = write_parquet(tmp_path / "b.parquet", ["three", None, " ", "four"] * 700, "body")
+    assert list(fineweb.read_documents(jsonl)) == [" one ", "two"]  # as they are
+    docs = list(fineweb.read_documents(parquet, "body"))
+    assert docs == ["three", "four"] * 700  # across record batches of 1024 rows
+
+
+BAD_INPUTS = [
+    ("missing.txt", None, [], "missing.txt: no such .txt, .jsonl or .parquet file"),
+    ("c.csv", "text\n", [], "c.csv: no such .txt, .jsonl or .parquet file"),
+    ("c.jsonl", '{"text": "ok"}\n{"text": "cut\n', [], "c.jsonl:2: not a JSON object"),
+    ("c.jsonl", '{"body": "x"}\n', [], "c.jsonl:1: not a JSON object with a 'text' field"),
+    ("c.parquet", "parquet", ["--text_field", "body"], "no column 'body' (columns: text, id)"),
+    ("c.parquet", b"PAR1 not really", [], "c.parquet: ArrowInvalid:"),
+    ("c.txt", b"ok\n\xff\xfe\n", [], "c.txt: UnicodeDecodeError:"),
+    ("c.txt", "\n \n\n", [], "the first file holds no documents"),
+    ("c.txt", "text", ["--shard_size", "0"], "--shard_size and --workers must be positive"),
+    ("c.txt", "text", ["--workers", "two"], "argument --workers: invalid int value"),
+    ("c.txt", "text", ["--out", "x"], "unrecognized arguments: --out"),
+]
+
+
+@pytest.mark.parametrize("name, content, extra, message", BAD_INPUTS)
+def test_bad_input_is_one_line_on_stderr(tmp_path, name, content, extra, message):
+    path = tmp_path / name
+    if content == "parquet":
+        write_parquet(path, ["x"])
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
         path.write_text(content)
     out = tmp_path / "out"
-    assert_error(run_cli("--local", path, "--out_dir", out, *extra), message)
-    assert not out.exists()
+    proc = cli(tmp_path, "--local", path, "--out_dir", out, "--workers", 1, *extra)
+    one_line_error(proc, message)
+    assert not list(out.glob("*.npy")) and not (out / "manifest.json").exists()
 
 
-def make_path(tmp_path, kind):
-    """A path of the given wrong kind in tmp_path."""
-    path = tmp_path / f"{kind}.txt"
-    if kind == "dir":
-        path.mkdir()
-    elif kind == "loop":
-        path.symlink_to(path.name)
-    elif kind == "dangling":
-        path.symlink_to("nowhere.txt")
-    elif kind == "in_a_file":
-        (tmp_path / "a_file").write_text("x")
-        path = tmp_path / "a_file" / "sub"
-    return path
+def test_char_tokenizer_needs_local_files(tmp_path):
+    proc = cli(tmp_path, "--tokenizer", "char", "--out_dir", tmp_path / "out")
+    one_line_error(proc, "--tokenizer char needs --local files")
+    assert proc.returncode == 2 and not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize(
-    "kind, message",
-    [
-        ("dir", "dir.txt is a directory; name the files in it"),
-        ("loop", "loop.txt: cannot use it ("),  # (Too many levels of symbolic links)
-        ("dangling", "dangling.txt: a symbolic link to nowhere.txt, which does not exist"),
-        ("in_a_file", "a_file/sub: cannot use it ("),  # (Not a directory)
-    ],
-)
-def test_cli_local_path_of_the_wrong_kind(tmp_path, kind, message):
+# -----------------------------------------------------------------------------
+# Tokenizers
+
+
+def test_gpt2_tokenizer_is_the_vendored_vocabulary(tmp_path):
+    enc = fineweb.get_tokenizer()
+    assert enc.encode("Hello, I'm a language model,") == [15496, 11, 314, 1101, 257, 3303, 2746, 11]
+    assert (enc.eot_token, enc.n_vocab) == (EOT, 50257)
+    assert enc.decode(enc.encode("naïve café — 日本語 🤖\n")) == "naïve café — 日本語 🤖\n"
+    bad = tmp_path / "gpt2.tiktoken"
+    bad.write_bytes(fineweb.GPT2_VOCAB_FILE.read_bytes().replace(b"IQ==", b"Ig==", 1))
+    with pytest.raises(ValueError, match="not the GPT-2 vocabulary"):
+        fineweb.get_tokenizer(bad)
+
+
+def test_char_tokenizer_and_manifest_round_trip():
+    tok = fineweb.CharTokenizer("\n ab")
+    assert (tok.name, tok.n_vocab, tok.eot_token) == ("char", 4, None)
+    assert (
+        tok.encode("ab a\n", allowed_special="all")
+        == [2, 3, 1, 2, 0]
+        == tok.encode_ordinary("ab a\n")
+    )
+    assert tok.decode(np.array([2, 3, 0], np.uint16)) == "ab\n"
+    with pytest.raises(ValueError, match="character 'c' is not in the vocabulary"):
+        tok.encode("abc")
+    with pytest.raises(ValueError, match="sorted, unique"):
+        fineweb.CharTokenizer("ba")
+    info = fineweb.tokenizer_info(tok)
+    assert info == {"tokenizer": "char", "vocab": "\n ab"}
+    assert fineweb.tokenizer_from_manifest(info).chars == "\n ab"
+    gpt2 = fineweb.get_tokenizer()
+    assert fineweb.tokenizer_from_manifest(fineweb.tokenizer_info(gpt2)) is gpt2
+    assert fineweb.tokenizer_from_manifest({}) is gpt2
+    with pytest.raises(ValueError, match="expected 'gpt2', or 'char'"):
+        fineweb.tokenizer_from_manifest({"tokenizer": "char"})
+
+
+def test_token_byte_lengths():
+    gpt2 = fineweb.get_tokenizer()
+    lengths = fineweb.token_byte_lengths(gpt2)
+    assert lengths.dtype == np.int64 and len(lengths) == 50257 and lengths[EOT] == 0
+    ids = gpt2.encode("naïve café — 日本語 🤖")
+    assert lengths[ids].sum() == len("naïve café — 日本語 🤖".encode())
+    chars = fineweb.token_byte_lengths(fineweb.CharTokenizer("\naé日"))
+    assert chars.tolist() == [1, 1, 2, 3]
+
+
+# -----------------------------------------------------------------------------
+# Shards, manifest, the val split
+
+
+def test_each_file_is_cut_into_its_own_shards(tmp_path, capsys):
+    docs = [make_docs(40, seed) for seed in range(3)]
+    inputs = [
+        write_txt(tmp_path / "a.txt", docs[0]),
+        write_jsonl(tmp_path / "b.jsonl", docs[1]),
+        write_parquet(tmp_path / "c.parquet", docs[2]),
+    ]
     out = tmp_path / "out"
-    assert_error(run_cli("--local", make_path(tmp_path, kind), "--out_dir", out), message)
-    assert not out.exists()
+    manifest = run_main("--local", *inputs, "--out_dir", out, "--shard_size", 500, "--workers", 2)
+    assert manifest == fineweb.load_corpus(out)
+    shards = manifest["shards"]
+    assert shards[0]["file"] == "edufineweb_val_0000_0000.npy" and shards[0]["split"] == "val"
+    assert all(s["split"] == "train" for s in shards[1:])
+    for index, file_docs in enumerate(docs):
+        mine = [s for s in shards if s["file"].split("_")[2] == f"{index:04d}"]
+        names = [s["file"].split("_", 2)[2] for s in mine]
+        assert names == [f"{index:04d}_{part:04d}.npy" for part in range(len(mine))]
+        assert all(s["tokens"] == 500 for s in mine[:-1]) and 0 < mine[-1]["tokens"] <= 500
+        ids = np.concatenate([np.load(out / s["file"]) for s in mine])
+        assert np.array_equal(ids, gpt2_stream(file_docs))  # <|endoftext|> + each document
+    lines = []
+    for s in shards:
+        assert s["sha256"] == hashlib.sha256((out / s["file"]).read_bytes()).hexdigest()
+        lines.append(f"{s['file']} {s['tokens']} {s['sha256']}")
+    assert manifest["fingerprint"] == hashlib.sha256("\n".join(lines).encode()).hexdigest()
+    assert (manifest["tokenizer"], manifest["vocab"], manifest["dataset"]) == (
+        "gpt2",
+        None,
+        "local",
+    )
+    assert manifest["tokens"] == sum(s["tokens"] for s in shards)
+    records = sorted((out / ".fineweb").glob("*.done.json"))
+    assert [r.name for r in records] == ["0000.done.json", "0001.done.json", "0002.done.json"]
+    record = json.loads(records[1].read_text())
+    assert record["source"] == str(inputs[1]) and record["size"] == inputs[1].stat().st_size
+    assert record["settings"]["shard_size"] == 500
+    assert "done (" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize(
-    "kind, message",
-    [
-        ("loop", "--out_dir {path}: cannot use it ("),
-        ("dangling", "--out_dir {path}: a symbolic link to nowhere.txt"),
-        ("in_a_file", "--out_dir {path}: cannot use it ("),
-    ],
-)
-def test_cli_out_dir_of_the_wrong_kind(tmp_path, kind, message):
-    (tmp_path / "c.txt").write_text("text")
-    path = make_path(tmp_path, kind)
-    assert_error(run_cli("--local", tmp_path / "c.txt", "--out_dir", path), message.format(path=path))
+def test_input_txt_val_is_the_first_play(tmp_path):
+    plays = list(fineweb.read_documents(ROOT / "input.txt"))
+    manifest = run_main("--local", ROOT / "input.txt", "--out_dir", tmp_path / "gpt2")
+    assert [s["file"] for s in manifest["shards"]] == [
+        "edufineweb_val_0000_0000.npy",
+        "edufineweb_train_0000_0001.npy",
+    ]
+    val = np.load(tmp_path / "gpt2" / manifest["shards"][0]["file"])
+    assert np.array_equal(val, gpt2_stream(plays[:1]))  # ends where the first play ends
+    assert 0.05 <= len(val) / manifest["tokens"] <= 0.2
+    # the bytes of the earlier fineweb.py: the same np.save of the same tokens
+    digests = [s["sha256"][:16] for s in manifest["shards"]]
+    assert digests == ["7a756ad351abc096", "955c2300c3dd94ba"]
+    out = tmp_path / "char"
+    manifest = run_main("--local", ROOT / "input.txt", "--tokenizer", "char", "--out_dir", out)
+    assert manifest["vocab_size"] == len(manifest["vocab"]) == 77 and manifest["eot_token"] is None
+    enc = fineweb.tokenizer_from_manifest(manifest)
+    _, ids = read_corpus(out)
+    assert enc.decode(ids) == "".join(play + "\n\n" for play in plays)
+    assert manifest["shards"][0]["tokens"] == len(plays[0]) + 2
 
 
-@pytest.mark.skipif(ROOT_USER, reason="root reads a file whatever its mode")
-def test_cli_unreadable_local_file(tmp_path):
-    path = tmp_path / "secret.txt"
-    path.write_text("text")
-    path.chmod(0)
-    assert_error(run_cli("--local", path, "--out_dir", tmp_path / "out"), "secret.txt: cannot read it (")
+def test_small_val_size_rule():
+    # the document start nearest 10%, if one lies between 5% and 20%
+    assert fineweb.small_val_size(1000, [0, 30, 120, 190, 600]) == 120
+    assert fineweb.small_val_size(1000, [0, 199, 201]) == 199
+    # none there: 10%, mid-document
+    assert fineweb.small_val_size(1000, [0, 40, 201, 700]) == 100
+    # at least one token on each side
+    assert fineweb.small_val_size(2, [0]) == 1
+    assert fineweb.small_val_size(3, [0, 1]) == 1
 
 
-@pytest.mark.skipif(ROOT_USER, reason="root writes in a directory whatever its mode")
-def test_cli_read_only_out_dir(tmp_path):
-    out = tmp_path / "ro"
+def test_first_file_of_one_shard_is_split_and_others_are_train(tmp_path):
+    first = make_docs(30, 1)
+    second = make_docs(30, 2)
+    inputs = [write_jsonl(tmp_path / "a.jsonl", first), write_jsonl(tmp_path / "b.jsonl", second)]
+    manifest = run_main("--local", *inputs, "--out_dir", tmp_path / "out", "--workers", 1)
+    assert [s["split"] for s in manifest["shards"]] == ["val", "train", "train"]
+    val = manifest["shards"][0]["tokens"]
+    lengths = [len(gpt2_stream([d])) for d in first]
+    assert val in np.cumsum(lengths)  # at a document boundary
+    assert 0.05 <= val / sum(lengths) <= 0.2
+
+
+def test_char_vocabulary_of_all_files_and_its_limit(tmp_path):
+    a = write_txt(tmp_path / "a.txt", ["héllo wörld", "zz top"])
+    b = write_jsonl(tmp_path / "b.jsonl", ["日本 語", "ok\tok"])
+    manifest = run_main("--local", a, b, "--tokenizer", "char", "--out_dir", tmp_path / "out")
+    assert manifest["vocab"] == "".join(sorted(set("héllo wörld" + "zz top日本 語ok\tok\n")))
+    _, ids = read_corpus(tmp_path / "out")
+    text = fineweb.CharTokenizer(manifest["vocab"]).decode(ids)
+    assert text == "héllo wörld\n\nzz top\n\n日本 語\n\nok\tok\n\n"
+    many = tmp_path / "many.txt"
+    many.write_text("".join(chr(c) for c in range(0x20000, 0x20000 + 70_000)))
+    message = refused("--local", many, "--tokenizer", "char", "--out_dir", tmp_path / "x")
+    assert "distinct characters, more than the 65,536 ids" in message
+    assert not (tmp_path / "x").exists()
+
+
+def test_load_corpus(tmp_path):
+    with pytest.raises(ValueError, match=f"^no shards in {tmp_path / 'missing'}; run fineweb.py$"):
+        fineweb.load_corpus(tmp_path / "missing")
+    nano = tmp_path / "nano"
+    nano.mkdir()
+    np.save(nano / "edufineweb_val_000000.npy", np.arange(10, dtype=np.uint16))
+    np.save(nano / "edufineweb_train_000001.npy", np.arange(20, dtype=np.uint16))
+    manifest = fineweb.load_corpus(nano)
+    assert [(s["file"], s["split"], s["tokens"]) for s in manifest["shards"]] == [
+        ("edufineweb_val_000000.npy", "val", 10),
+        ("edufineweb_train_000001.npy", "train", 20),
+    ]
+    assert (manifest["tokenizer"], manifest["dataset"]) == ("gpt2", None)
+    assert manifest["note"] and len(manifest["fingerprint"]) == 64
+    (nano / ".fineweb").mkdir()  # fineweb.py's, without its manifest yet
+    with pytest.raises(ValueError, match="is unfinished: rerun the same fineweb.py command"):
+        fineweb.load_corpus(nano)
+
+
+# -----------------------------------------------------------------------------
+# Reruns: a finished corpus, other settings, changed files
+
+
+def test_rerun_is_a_no_op_and_other_settings_are_refused(tmp_path, capsys):
+    a = write_jsonl(tmp_path / "a.jsonl", make_docs(30, 1))
+    b = write_jsonl(tmp_path / "b.jsonl", make_docs(30, 2))
+    out = tmp_path / "out"
+    args = ["--local", a, b, "--out_dir", out, "--shard_size", 400, "--workers", 2]
+    run_main(*args)
+    before = files_of(out)
+    capsys.readouterr()
+    run_main(*args[:-1], 1)  # --workers may differ
+    assert "finished already, nothing to do" in capsys.readouterr().out
+    others = [
+        ["--shard_size", 300],
+        ["--tokenizer", "char"],
+        ["--prefix", "other"],
+        ["--text_field", "id"],
+        ["--dataset_name", "mine"],
+    ]
+    for other in others:
+        message = refused("--local", a, b, "--out_dir", out, *other)
+        assert message.startswith(f"fineweb.py: error: {out} holds a corpus made with another")
+        assert message.endswith("; use --overwrite to rebuild, or another --out_dir")
+    assert "another sources" in refused("--local", a, "--out_dir", out, "--shard_size", 400)
+    assert files_of(out) == before
+    shard = out / "edufineweb_train_0001_0001.npy"
+    shard.write_bytes(shard.read_bytes()[:-2])
+    message = refused(*args)
+    assert f"a shard of {b} in {out} changed on disk; use --overwrite" in message
+    shard.write_bytes(before["edufineweb_train_0001_0001.npy"])
+    os.utime(a, ns=(0, 10**18))
+    assert f"{a} changed since it was tokenised; use --overwrite" in refused(*args)
+
+
+def test_one_run_per_out_dir(tmp_path):
+    a = write_jsonl(tmp_path / "a.jsonl", make_docs(5))
+    out = tmp_path / "out"
     out.mkdir()
-    out.chmod(0o555)
-    try:
-        assert_error(run_cli("--local", ROOT / "input.txt", "--out_dir", out), f"no permission to write in {out}")
-        assert not any(out.iterdir())
-    finally:
-        out.chmod(0o755)
+    with open(out / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        message = refused("--local", a, "--out_dir", out)
+    assert message == f"fineweb.py: error: another fineweb.py run is writing {out}"
 
 
-def test_cli_full_disk_then_the_same_command_finishes(tmp_path):
-    # RLIMIT_FSIZE caps each file the child writes, root's too: input.txt's val shard (~82 kB) fits, its train
-    # shard (~600 kB) fails part-way, as on a full disk. A small corpus's shards are written together at the end,
-    # so none was finished.
+def test_a_filesystem_without_locks_is_a_warning(tmp_path, monkeypatch, capsys):
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fineweb.fcntl, "flock", no_locks)
+    a = write_jsonl(tmp_path / "a.jsonl", make_docs(5))
+    run_main("--local", a, "--out_dir", tmp_path / "out", "--workers", 1)
+    out = capsys.readouterr().out
+    assert f"warning: {tmp_path / 'out'} has no file locks; run one fineweb.py at a time" in out
+    assert fineweb.load_corpus(tmp_path / "out")["tokens"] > 0
+
+
+# -----------------------------------------------------------------------------
+# --overwrite
+
+
+def swap_cut_short_after(monkeypatch, renames):
+    """swap_in stops (as a kill would) after `renames` of its renames."""
+    real_swap = fineweb.swap_in
+    real_replace = os.replace
+
+    def swap(out_dir, staging):
+        calls = []
+
+        def replace(src, dst):
+            if len(calls) == renames:
+                raise KeyboardInterrupt("SIGKILL")
+            calls.append(src)
+            real_replace(src, dst)
+
+        monkeypatch.setattr(fineweb.os, "replace", replace)
+        try:
+            real_swap(out_dir, staging)
+        finally:
+            monkeypatch.setattr(fineweb.os, "replace", real_replace)
+
+    monkeypatch.setattr(fineweb, "swap_in", swap)
+
+
+@pytest.mark.parametrize("renames", [0, 1, 3, 5])
+def test_overwrite_swap_cut_short_is_completed_by_the_next_run(tmp_path, monkeypatch, renames):
+    a = write_jsonl(tmp_path / "a.jsonl", make_docs(40, 1))
+    b = write_jsonl(tmp_path / "b.jsonl", make_docs(10, 2))
     out = tmp_path / "out"
-    args = ["--local", ROOT / "input.txt", "--out_dir", out, "--workers", "1"]
-    proc = launcher.run([sys.executable, str(ROOT / "fineweb.py"), *args, "--no_progress"], cwd=ROOT, env=child_env(),
-                        timeout=120, file_size_limit=200_000)  # the write fails with EFBIG instead of killing the process
-    assert_error(proc, f"cannot write {out}/input_train_000001.npy (File too large); free some space; no shard was "
-                       f"finished: rerun the same command to start again")
-    assert not [p for p in out.iterdir() if ".tmp" in p.name]
-    manifest = run_main(*args)
-    assert [hashlib.sha256((out / s["file"]).read_bytes()).hexdigest()[:16] for s in manifest["shards"]] == [
-        "7a756ad351abc096", "955c2300c3dd94ba"]  # as test_input_txt_yields_val_and_train_with_default_shard_size
-    assert listing(out) == ["input_train_000001.npy", "input_val_000000.npy", "manifest.json"]
+    run_main("--local", a, b, "--out_dir", out, "--shard_size", 300, "--workers", 1)
+    (out / "notes.txt").write_text("mine")
+    new = ["--local", a, "--shard_size", 500, "--workers", 1]
+    run_main(*new, "--out_dir", tmp_path / "ref")
+    swap_cut_short_after(monkeypatch, renames)
+    assert "stopped (SIGKILL)" in refused(*new, "--out_dir", out, "--overwrite")
+    monkeypatch.undo()
+    if renames:
+        with pytest.raises(ValueError, match="is unfinished"):
+            fineweb.load_corpus(out)
+    run_main(*new, "--out_dir", out)  # any run on out_dir completes the swap
+    assert files_of(out) == {**files_of(tmp_path / "ref"), "notes.txt": b"mine"}
 
 
-@pytest.mark.parametrize(
-    "args, message",
-    [
-        (["--local", "{c}", "--out", "{out}"], "unrecognized arguments: --out"),  # no prefix abbreviations
-        (["--local", "{c}", "--out_dir", ""], "argument --out_dir: empty path"),
-        (["--local", ""], "argument --local: empty path"),
-        (["--tokenizer", "char"], "--tokenizer char needs --local files"),
-    ],
-)
-def test_cli_argument_errors(tmp_path, args, message):
-    (tmp_path / "c.txt").write_text("text")
-    args = [a.format(c=tmp_path / "c.txt", out=tmp_path / "out") for a in args]
-    assert_error(run_cli(*args), message, code=2)
-    assert not (tmp_path / "out").exists()
-
-
-def test_malformed_jsonl_mid_stream_keeps_the_shards_and_the_fixed_file_continues(tmp_path, monkeypatch):
-    # In-process (the tokenizer is already loaded) but through main() and a real pool: the reader's error, raised
-    # while batches are in flight, must still come back as the one-line exit message.
-    path = tmp_path / "c.jsonl"
-    # More batches than are in flight with 2 workers: some are tokenised and written before the reader fails.
-    n_good = fineweb.BATCH_DOCS * (2 * fineweb.IN_FLIGHT_PER_WORKER + 2) + 100
-    good = "".join(json.dumps({"text": d}) + "\n" for d in (DOCS * n_good)[:n_good])
-    path.write_text(good + '{"text": "cut off\n' + good)
-    out, ref = tmp_path / "out", tmp_path / "ref"
-    written = []
-    real_write = fineweb.ShardWriter._write
-
-    def spy(self, tokens):
-        real_write(self, tokens)
-        written.append(self.shards[-1]["file"])
-
-    monkeypatch.setattr(fineweb.ShardWriter, "_write", spy)
-    args = ["--local", path, "--workers", "2", "--shard_size", "5000"]
-    message = stopped(*args, "--out_dir", out)
-    kept = fineweb.read_progress(out)["shards"]
-    assert message.startswith(f"fineweb.py: error: {path}:{n_good + 1}: malformed JSON line (")
-    assert message.endswith(f"); {len(kept)} finished shards kept in {out}: rerun the same command to continue")
-    assert len(kept) > 2 and [s["file"] for s in kept] == written[: len(kept)]
-    assert all((out / s["file"]).is_file() for s in kept)
-    # The line is mended; the documents before it are unchanged, so the same command continues.
-    path.write_text(good + '{"text": "cut off"}\n' + good)
-    run_main(*args, "--out_dir", out)
-    run_main(*args, "--out_dir", ref)
-    assert_same_corpus(out, ref)
-
-
-@pytest.mark.parametrize("flag", ["--shard_size", "--workers"])
-@pytest.mark.parametrize("value", ["0", "-3", "ten"])
-def test_cli_rejects_non_positive_numbers(tmp_path, capsys, flag, value):
-    with pytest.raises(SystemExit) as exc:
-        fineweb.main(["--local", str(ROOT / "input.txt"), "--out_dir", str(tmp_path), flag, value])
-    assert exc.value.code == 2
-    assert f"argument {flag}: " in capsys.readouterr().err.strip().splitlines()[-1]
-    assert not any(tmp_path.iterdir())
-
-
-def test_cli_help_states_the_rules():
-    proc = run_cli("-h")
-    assert proc.returncode == 0
-    text = " ".join(proc.stdout.split())
-    assert "separated by two or more consecutive blank lines" in text
-    assert "If the whole corpus fits in one shard" in text
-    assert "--overwrite" in text and "edu_fineweb10B" in text
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Continuing a stopped run
+# -----------------------------------------------------------------------------
+# Stop signals and workers
 
 
 @pytest.fixture(scope="module")
 def many(tmp_path_factory):
-    """A .jsonl of 6,000 numbered documents (~270k tokens: six batches of fineweb.BATCH_DOCS, 27 shards of
-    MANY_SHARD tokens) and the output of an uninterrupted run of many_args on it."""
+    """6 files of ~90k tokens each, and the corpus of an uninterrupted run."""
     d = tmp_path_factory.mktemp("many")
-    path = d / "many.jsonl"
-    path.write_text("".join(json.dumps({"text": f"{i}: {DOCS[i % len(DOCS)]}"}) + "\n" for i in range(6000)))
-    run_main(*many_args(path, d / "ref"))
-    return path, d / "ref"
+    inputs = [write_jsonl(d / f"f{i}.jsonl", make_docs(800, i, (80, 120))) for i in range(6)]
+    args = ["--local", *inputs, "--shard_size", 40_000, "--workers", 2]
+    run_main(*args, "--out_dir", d / "ref")
+    return args, d / "ref"
 
 
-MANY_SHARD = 10_000
-
-
-def many_args(corpus, out, *more):
-    return ["--local", corpus, "--out_dir", out, "--shard_size", MANY_SHARD, "--workers", "1", *more]
-
-
-def fail_reader_at(monkeypatch, document: int, error: BaseException):
-    """The .jsonl reader raises `error` when it reaches document `document` (counted from the file's first)."""
-    real = fineweb.iter_jsonl_documents
-
-    def reader(path, text_field="text", tell=None):
-        for i, doc in enumerate(real(path, text_field, tell)):
-            if i == document:
-                raise error
-            yield doc
-
-    monkeypatch.setitem(fineweb.READERS, ".jsonl", reader)
-
-
-def fail_after_shard(monkeypatch, index: int):
-    """KeyboardInterrupt right after shard `index` is on disk, before the progress record lists it."""
-    real = fineweb.ShardWriter._write
-
-    def write(self, tokens):
-        real(self, tokens)
-        if len(self.shards) - 1 == index:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(fineweb.ShardWriter, "_write", write)
-
-
-def kept(n, where):
-    """How a stopped run's message ends."""
-    return f"; {n} finished shard{'s' if n != 1 else ''} kept in {where}: rerun the same command to continue"
-
-
-def assert_progress_matches(out, ref):
-    """The finished shards of a stopped run are the reference's first shards, as the progress record says."""
-    record = fineweb.read_progress(out)
-    ref_manifest = json.loads((ref / "manifest.json").read_text())
-    assert record["shards"] and [{k: s[k] for k in fineweb.SHARD_KEYS} for s in record["shards"]] == (
-        ref_manifest["shards"][: len(record["shards"])])
-    for s in record["shards"]:
-        assert (out / s["file"]).read_bytes() == (ref / s["file"]).read_bytes()
-    return record
-
-
-@pytest.mark.parametrize("stops, workers", [
-    ([("document", 1500)], 1),  # in the second batch: the shards of the first are finished
-    ([("document", 5500)], 2),  # in a pool, with 4 batches in flight: the first two are written
-    ([("shard", 1), ("shard", 3)], 1),  # right after a shard's file is written, before its record: twice
-    ([("document", 1100), ("shard", 9), ("document", 4000)], 1),  # three stops, each continued
-])
-def test_a_stopped_run_continues_to_the_bytes_of_an_uninterrupted_one(tmp_path, monkeypatch, many, stops, workers):
-    corpus, ref = many
+@pytest.mark.slow
+def test_sigterm_then_the_same_command_equals_an_uninterrupted_run(tmp_path, many):
+    args, ref = many
     out = tmp_path / "out"
-    for kind, where in stops:
-        with monkeypatch.context() as patch:
-            if kind == "document":
-                fail_reader_at(patch, where, KeyboardInterrupt())
-            else:
-                fail_after_shard(patch, where)
-            message = stopped(*many_args(corpus, out, "--workers", workers))
-        record = assert_progress_matches(out, ref)
-        n = len(record["shards"])
-        assert message == f"fineweb.py: interrupted (SIGINT){kept(n, out)}"
-        if kind == "shard":
-            assert n == where  # shard `where` is on disk but not in the record: the continued run writes it again
-    run_main(*many_args(corpus, out))  # --workers 1: the number of workers is not a setting that must match
-    assert_same_corpus(out, ref)
-
-
-def test_a_stopped_char_run_continues_to_the_same_bytes(tmp_path, monkeypatch, many):
-    corpus, _ = many
-    out, ref = tmp_path / "out", tmp_path / "ref"
-    with monkeypatch.context() as patch:
-        fail_after_shard(patch, 4)  # (the reader is also the char tokenizer's first pass, so stop the writer)
-        stopped(*many_args(corpus, out, "--tokenizer", "char"))
-    record = fineweb.read_progress(out)
-    assert len(record["shards"]) == 4 and record["skip_tokens"] > 0
-    assert record["settings"]["vocab"] == fineweb.corpus_characters(fineweb.iter_documents([corpus]))
-    run_main(*many_args(corpus, out, "--tokenizer", "char"))
-    run_main(*many_args(corpus, ref, "--tokenizer", "char"))
-    assert_same_corpus(out, ref)
-
-
-def test_a_small_corpus_stopped_before_its_shards_starts_again(tmp_path, monkeypatch, many):
-    # A corpus that fits in one shard is split when it ends: until then no shard is finished.
-    corpus, _ = many
-    args = many_args(corpus, tmp_path / "out", "--shard_size", "1_000_000")
-    fail_reader_at(monkeypatch, 2000, KeyboardInterrupt())
-    message = stopped(*args)
-    assert message.endswith("; no shard was finished: rerun the same command to start again")
-    monkeypatch.undo()
-    manifest = run_main(*args)
-    run_main(*many_args(corpus, tmp_path / "ref", "--shard_size", "1_000_000"))
-    assert manifest["small_corpus_split"]["at_document_boundary"]
-    assert_same_corpus(tmp_path / "out", tmp_path / "ref")
-
-
-def test_a_full_disk_after_some_shards_keeps_them(tmp_path, monkeypatch, many):
-    import run_files
-
-    corpus, ref = many
-    out = tmp_path / "out"
-    real = run_files.atomic_write
-
-    def disk_fills(path, write):
-        if path.name.endswith("_000004.npy"):
-            raise OSError(errno.ENOSPC, "No space left on device", str(path))
-        real(path, write)
-
-    monkeypatch.setattr(run_files, "atomic_write", disk_fills)
-    assert stopped(*many_args(corpus, out)) == (
-        f"fineweb.py: error: cannot write {out}/many_train_000004.npy (No space left on device); free some space; "
-        f"4 finished shards kept in {out}: rerun the same command to continue")
-    monkeypatch.undo()
-    assert_progress_matches(out, ref)
-    run_main(*many_args(corpus, out))
-    assert_same_corpus(out, ref)
-
-
-def stop_many(monkeypatch, corpus, out, document=1500):
-    with monkeypatch.context() as patch:
-        fail_reader_at(patch, document, KeyboardInterrupt())
-        stopped(*many_args(corpus, out))
-    return fineweb.read_progress(out)
-
-
-@pytest.mark.parametrize("change, difference", [
-    (["--shard_size", "7000"], "shard_size 10000 there, 7000 here"),
-    (["--tokenizer", "char"], 'tokenizer "gpt2" there, "char" here'),
-    (["--dataset_name", "fineweb-edu"], 'dataset "local" there, "fineweb-edu" here'),
-    (["--local", "{other}", "--prefix", "many"], "source.files"),  # the same documents in another file
-    (["--text_field", "body"], None),  # the first document has no such field: refused before anything else
-])
-def test_continuing_with_other_settings_is_refused(tmp_path, monkeypatch, many, change, difference):
-    corpus, _ = many
-    out = tmp_path / "out"
-    stop_many(monkeypatch, corpus, out)
-    before = files_of(out)
-    other = tmp_path / "other.jsonl"
-    other.write_bytes(corpus.read_bytes())
-    message = stopped(*many_args(corpus, out, *(a.format(other=other) for a in change)))
-    if difference:
-        assert message.startswith(f"fineweb.py: error: {out} holds an unfinished run with other settings ({difference}")
-        assert message.endswith("; pass --overwrite to start over, or use the same command to continue")
-    assert files_of(out) == before
-
-
-def test_continuing_after_a_finished_shard_changed_is_refused(tmp_path, monkeypatch, many):
-    corpus, ref = many
-    out = tmp_path / "out"
-    stop_many(monkeypatch, corpus, out)
-    shard = out / "many_train_000002.npy"
-    data = bytearray(shard.read_bytes())
-    data[-1] ^= 1  # one bit of the last token
-    shard.write_bytes(bytes(data))
-    assert stopped(*many_args(corpus, out)) == (
-        f"fineweb.py: error: cannot continue the unfinished run in {out}: {shard} changed after it was written (its "
-        f"sha256 is not the progress record's); pass --overwrite to start over")
-    shard.write_bytes(shard.read_bytes()[:-2])
-    assert "has 20,126 bytes, the progress record says 20,128" in stopped(*many_args(corpus, out))
-    shard.unlink()
-    assert f"{shard} is missing" in stopped(*many_args(corpus, out))
-    run_main(*many_args(corpus, out, "--overwrite"))
-    assert_same_corpus(out, ref)
-
-
-def test_continuing_on_an_input_that_changed_is_refused(tmp_path, monkeypatch, many):
-    corpus, _ = many
-    changed = tmp_path / "c.jsonl"
-    lines = corpus.read_text().splitlines(keepends=True)
-    changed.write_text("".join(lines))
-    out = tmp_path / "out"
-    record = stop_many(monkeypatch, changed, out)
-    d = record["documents"]
-    changed.write_text("".join(lines[:10] + [json.dumps({"text": "another document"}) + "\n"] + lines[11:]))
-    assert stopped(*many_args(changed, out)) == (
-        f"fineweb.py: error: the first {d:,} documents of the input are not those read before (their checksum "
-        f"differs): it changed since; pass --overwrite to start over")
-    changed.write_text("".join(lines[:d - 1]))
-    assert f"the input ended after {d - 1:,} documents, but the run had read {d:,}" in stopped(*many_args(changed, out))
-    assert record["skip_tokens"] > 0  # the last finished shard ends inside document d: it is checked too
-    changed.write_text("".join(lines[:d] + [json.dumps({"text": "another document"}) + "\n"] + lines[d + 1:]))
-    assert f"document {d:,} of the input is not the one the last finished shard ends with" in stopped(
-        *many_args(changed, out))
-    changed.write_text("".join(lines))  # as it was: the same command continues
-    run_main(*many_args(changed, out))
-
-
-# ----------------------------------------------------------------------------------------------------------
-# The hub stream: retries
-
-
-def numbered_dataset(directory, n=2500, card=True):
-    """A dataset directory the hub code path reads offline: n numbered documents; its card gives the split's size."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    directory.mkdir()
-    pq.write_table(pa.table({"text": [f"{i}: {DOCS[i % len(DOCS)]}" for i in range(n)]}), directory / "train.parquet",
-                   row_group_size=300)
-    if card:
-        (directory / "README.md").write_text(
-            f"---\ndataset_info:\n  features:\n  - name: text\n    dtype: string\n  splits:\n  - name: train\n"
-            f"    num_examples: {n}\n---\n")
-    return directory
-
-
-def flaky_stream(monkeypatch, failures: list, seen: list):
-    """The hub stream raises httpx.RemoteProtocolError (as huggingface_hub re-raises it after its own retries)
-    when it reaches each document number in failures, in turn; seen gets the number of every document streamed."""
-    import httpx
-
-    real = fineweb.HubSource._documents
-
-    def documents(self, rows):
-        for text in real(self, rows):
-            i = int(text.split(":", 1)[0])
-            if failures and failures[0] == i:
-                failures.pop(0)
-                raise httpx.RemoteProtocolError("peer closed connection without sending complete message body")
-            seen.append(i)
-            yield text
-
-    monkeypatch.setattr(fineweb.HubSource, "_documents", documents)
-
-
-def hub_args(data, out):
-    return ["--dataset", data, "--name", "", "--out_dir", out, "--shard_size", MANY_SHARD, "--workers", "1"]
-
-
-@pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    d = tmp_path_factory.mktemp("hub")
-    data = numbered_dataset(d / "ds")
-    run_main(*hub_args(data, d / "ref"))
-    return data, d / "ref"
-
-
-def test_a_broken_hub_stream_is_reopened_where_it_broke(tmp_path, monkeypatch, hub, capsys):
-    data, ref = hub
-    out = tmp_path / "out"
-    seen, waits = [], []
-    flaky_stream(monkeypatch, [1500, 1500, 2300], seen)
-    run_main(*hub_args(data, out), sleep=waits.append)
-    assert_same_corpus(out, ref)
-    assert waits == [2.0, 4.0, 2.0]  # backoff doubles while the same break lasts, and starts over after it
-    # Reopened at the stream's state saved every 1,000 documents, not at its start: documents 1000..1499 are
-    # streamed again twice, 2000..2299 once.
-    assert len(seen) == 2500 + 2 * 500 + 300 and seen.count(999) == 1 and seen.count(1200) == 3
-    assert "reading the documents failed at document 1,500 (httpx.RemoteProtocolError: peer closed connection " \
-           "without sending complete message body); retry 1/5 in 2 s" in capsys.readouterr().out
-
-
-def test_a_hub_stream_that_stays_broken_stops_in_one_line_and_continues_later(tmp_path, monkeypatch, hub):
-    data, ref = hub
-    out = tmp_path / "out"
-    waits = []
-    with monkeypatch.context() as patch:
-        flaky_stream(patch, [2100] * 6, [])
-        message = stopped(*hub_args(data, out), sleep=waits.append)
-    record = assert_progress_matches(out, ref)
-    assert message == (f"fineweb.py: error: reading the documents failed at document 2,100 (httpx.RemoteProtocolError: "
-                       f"peer closed connection without sending complete message body) and 5 retries did not help; "
-                       f"{len(record['shards'])} finished shards kept in {out}: rerun the same command to continue")
-    assert waits == [2.0, 4.0, 8.0, 16.0, 32.0]
-    assert record["stream"]["documents"] == 1000 and record["documents"] >= 1000  # a saved place in the stream
-    seen = []
-    with monkeypatch.context() as patch:
-        flaky_stream(patch, [], seen)
-        run_main(*hub_args(data, out))
-    assert_same_corpus(out, ref)
-    assert seen[0] == 0 and seen[1] == 1000  # the first document (read before the plan), then from the saved state
-
-
-def test_which_errors_are_worth_a_retry():
-    import httpx
-
-    class Response:
-        def __init__(self, status_code):
-            self.status_code = status_code
-
-    def http_error(status):
-        error = OSError(f"{status} error")
-        error.response = Response(status)
-        return error
-
-    for error in (ConnectionResetError(), TimeoutError(), OSError("read failed"), httpx.RemoteProtocolError("x"),
-                  httpx.ReadTimeout("x"), http_error(503), http_error(429)):
-        assert fineweb.is_transient(error), error
-    offline = ConnectionError("Couldn't reach 'HuggingFaceFW/fineweb-edu' on the Hub (OfflineModeIsEnabled)")
-    for error in (FileNotFoundError(), PermissionError(), ValueError(), fineweb.CorpusError("x"), http_error(404),
-                  KeyError("text"), offline):
-        assert not fineweb.is_transient(error), error
-
-
-# ----------------------------------------------------------------------------------------------------------
-# --overwrite: the new corpus beside the old one
-
-
-def test_a_stopped_overwrite_leaves_the_old_corpus_and_the_same_command_finishes(tmp_path, monkeypatch, many):
-    import run_files
-
-    corpus, _ = many
-    out, ref = tmp_path / "out", tmp_path / "ref"
-    run_main(*many_args(corpus, out, "--shard_size", 7000))  # the old corpus
-    (out / "notes.txt").write_text("someone's notes beside the corpus")
-    old = files_of(out)
-    new_args = many_args(corpus, out, "--overwrite")
-    with monkeypatch.context() as patch:
-        fail_reader_at(patch, 2500, KeyboardInterrupt())
-        message = stopped(*new_args)
-    staging = out / ".fineweb-new-many"
-    assert message.endswith(f"finished shards kept in {staging} ({out} is unchanged): rerun the same command to continue")
-    assert files_of(out) == {**old, staging.name: None}  # byte for byte
-    assert run_files.find_shards(out)[1]["shard_size"] == 7000  # the trainer still reads the old corpus
-    assert_progress_matches(staging, many[1])
-    run_main(*new_args)  # continues the new corpus, then swaps it in
-    run_main(*many_args(corpus, ref))
-    (ref / "notes.txt").write_text("someone's notes beside the corpus")
-    assert_same_corpus(out, ref)
-
-
-def test_an_overwrite_cut_short_at_any_step_of_the_swap_recovers(tmp_path, monkeypatch):
-    """Between any two renames of the swap, the trainer sees the old corpus, the new one, or a directory it refuses;
-    the same command run again completes the swap (without tokenising again)."""
-    import run_files
-
-    corpus = tmp_path / "c.jsonl"
-    corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCS * 8))
-    args = lambda out, size, *more: ["--local", corpus, "--out_dir", out, "--shard_size", size, "--workers", 1, *more]  # noqa: E731
-    ref = tmp_path / "ref"
-    run_main(*args(ref, 300))
-    new = files_of(ref)
-    (ref / "notes.txt").write_text("mine")
-    ready = tmp_path / "ready"  # the old corpus (and a user's file), the new one complete beside it, not swapped
-    run_main(*args(ready, 500))
-    (ready / "notes.txt").write_text("mine")
-    old = files_of(ready)
-    real_swap = fineweb.finish_swap
-
-    def no_swap(out_dir, prefix):
-        if (fineweb.staging_dir(out_dir, prefix) / "manifest.json").exists():
-            raise KeyboardInterrupt
-        return real_swap(out_dir, prefix)
-
-    with monkeypatch.context() as patch:
-        patch.setattr(fineweb, "finish_swap", no_swap)
-        stopped(*args(ready, 300, "--overwrite"))
-    real_replace = os.replace
-    for cut in itertools.count():
-        out = tmp_path / f"cut{cut}"
-        shutil.copytree(ready, out, symlinks=True)
-        calls = []
-
-        def replace(src, dst):
-            if len(calls) == cut:
-                raise KeyboardInterrupt
-            calls.append(dst)
-            real_replace(src, dst)
-
-        with monkeypatch.context() as patch:
-            patch.setattr(os, "replace", replace)
-            try:
-                fineweb.finish_swap(out, "c")
-                done = True
-            except KeyboardInterrupt:
-                done = False
-        try:
-            _, manifest, _ = run_files.find_shards(out)
-            assert manifest is not None
-            visible = {s["file"]: (out / s["file"]).read_bytes() for s in manifest["shards"]}
-            assert visible in ({k: v for k, v in new.items() if k != "manifest.json"},
-                               {k: v for k, v in old.items() if k.endswith(".npy")})
-        except ValueError as e:
-            assert "holds an unfinished fineweb.py output" in str(e)
-        if done:
-            break
-        manifest = run_main(*args(out, 300, "--overwrite"))  # finishes the swap: nothing left to tokenise
-        assert manifest == json.loads((ready / ".fineweb-new-c" / "manifest.json").read_text())
-        assert_same_corpus(out, ref)
-    assert cut > 10  # every shard and the manifest moved out, every new one moved in
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Progress bar sizes, a local copy of FineWeb-Edu
-
-
-def test_local_files_are_measured_in_bytes_read(tmp_path):
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    txt, jsonl, parquet = tmp_path / "a.txt", tmp_path / "b.jsonl", tmp_path / "c.parquet"
-    txt.write_text("\n\n\n".join(DOCS * 40))
-    jsonl.write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCS * 200))
-    pq.write_table(pa.table({"text": DOCS * 300}), parquet, row_group_size=100)
-    paths = [txt, jsonl, parquet]
-    source = fineweb.LocalSource(paths)
-    assert source.total == sum(p.stat().st_size for p in paths) and source.unit == "B"
-    positions = [source.bytes_read for _ in source.open()]
-    assert positions == sorted(positions) and positions[-1] <= source.total  # never back, never past the end
-    assert 0 < positions[len(positions) // 2] < source.total
-    assert source.bytes_read == source.total  # all read
-
-
-def test_the_hub_split_size_comes_from_the_dataset_card_or_is_unknown(tmp_path):
-    for card, total in ((True, 700), (False, None)):
-        data = numbered_dataset(tmp_path / f"ds{card}", n=700, card=card)
-        source = fineweb.HubSource(str(data), None, "train")
-        docs = source.open()
-        assert next(docs).startswith("0: ") and source.total == total
-        docs.close()
-
-
-def test_a_local_copy_of_fineweb_edu_is_recorded_as_fineweb_edu(tmp_path, enc):
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    # The hub repository's layout: sample/10BT/*.parquet with a text column among others.
-    sample = tmp_path / "fineweb-edu" / "sample" / "10BT"
-    sample.mkdir(parents=True)
-    for i in range(2):
-        pq.write_table(pa.table({"text": DOCS, "id": [f"<urn:{i}:{j}>" for j in range(5)], "score": [3.5] * 5}),
-                       sample / f"00{i}_00000.parquet")
-    files = sorted(sample.glob("*.parquet"))
-    manifest = run_main("--local", *files, "--dataset_name", "fineweb-edu", "--out_dir", tmp_path / "out")
-    assert manifest["dataset"] == "fineweb-edu"  # plot.py draws GPT-2's reference lines for it
-    assert manifest["source"]["type"] == "local" and manifest["source"]["files"] == [str(f) for f in files]
-    assert np.array_equal(read_shards(tmp_path / "out")[1], expected_stream(enc, DOCS * 2))
-    assert run_main("--local", *files, "--out_dir", tmp_path / "plain")["dataset"] == "local"
-
-
-def test_the_marker_name_matches_run_files():
-    import run_files
-
-    assert fineweb.FINEWEB_INCOMPLETE_NAME == run_files.FINEWEB_INCOMPLETE
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Stopped runs: signals and dead workers
-
-
-@pytest.fixture(scope="module")
-def big_corpus(tmp_path_factory):
-    """input.txt 4 times (~4.4 MB, ~1.4M tokens in 28 shards: a second or two of tokenising, time to stop a run
-    midway) and the output of an uninterrupted run of start_run's command, to compare a continued run with."""
-    d = tmp_path_factory.mktemp("big")
-    path = d / "big.txt"
-    path.write_text("\n\n\n".join([(ROOT / "input.txt").read_text()] * 4))
-    run_main(*BIG_ARGS(path, d / "ref"))
-    return path, d / "ref"
-
-
-def BIG_ARGS(corpus, out):  # noqa: N802  (a constant's spelling: the command the big_corpus tests run)
-    return ["--local", corpus, "--out_dir", out, "--shard_size", "50_000", "--workers", "2"]
-
-
-def start_run(corpus, out, *args, prefix=()):
-    """fineweb.py with 2 workers in a session of its own (a signal to its group is a terminal's Ctrl-C or hangup),
-    started by `prefix` (e.g. nohup), returned once its progress record lists a finished shard."""
-    proc = subprocess.Popen([*prefix, sys.executable, str(ROOT / "fineweb.py"), *map(str, BIG_ARGS(corpus, out)),
-                             "--no_progress", *args], cwd=ROOT, env=child_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=default_stop_signals)
-    deadline = time.monotonic() + 120
-    while not (fineweb.read_progress(out) or {}).get("shards"):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-        time.sleep(0.02)
-    return proc
-
-
-def assert_stopped_keeping_its_shards(proc, out, message, within=30):
-    """The run ends within `within` seconds, non-zero, with exactly one line on stderr that says how to continue,
-    and its progress record lists the finished shards it kept."""
-    try:
-        _, err = proc.communicate(timeout=within)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        pytest.fail(f"still running {within} s later")
-    assert proc.returncode != 0
-    assert err.strip().splitlines() == [err.strip()] and err.startswith(message), err
-    record = fineweb.read_progress(out)
-    assert kept(len(record["shards"]), out) in err
-    assert record["shards"] and all((out / s["file"]).stat().st_size == s["bytes"] for s in record["shards"])
-    assert not (out / "manifest.json").exists()
-
-
-@pytest.mark.parametrize("how", ["SIGTERM", "Ctrl-C", "hangup", "SLURM's warning"])
-def test_a_stopped_run_keeps_its_shards_and_the_same_command_finishes_it(tmp_path, big_corpus, how):
-    corpus, ref = big_corpus
-    out = tmp_path / "out"
-    proc = start_run(corpus, out)
-    name = {"SIGTERM": "SIGTERM", "Ctrl-C": "SIGINT", "hangup": "SIGHUP", "SLURM's warning": "SIGUSR1"}[how]
-    if how == "SIGTERM":
-        os.kill(proc.pid, signal.SIGTERM)  # the parent only, as `kill` does
-    else:  # the whole group, workers too, as a terminal (or SLURM's --signal=USR1@120) does
-        os.killpg(proc.pid, getattr(signal, name))
-    assert_stopped_keeping_its_shards(proc, out, f"fineweb.py: interrupted ({name}); ")
-    run_main(*BIG_ARGS(corpus, out))
-    assert_same_corpus(out, ref)
-
-
-@pytest.mark.skipif(shutil.which("nohup") is None, reason="no nohup on PATH")
-def test_a_run_started_with_nohup_tokenises_through_a_hangup(tmp_path, big_corpus):
-    """`nohup python fineweb.py ...` asks that a closed terminal not end the run: its workers and itself ignore
-    the hangup and the corpus is the uninterrupted run's."""
-    corpus, ref = big_corpus
-    out = tmp_path / "out"
-    proc = start_run(corpus, out, prefix=["nohup"])
+    proc = start(tmp_path, *args, "--out_dir", out)
+    wait_for(out / ".fineweb" / "0001.done.json", proc)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    done = len(list((out / ".fineweb").glob("*.done.json")))
+    assert proc.returncode == 1 and 2 <= done < 6
+    assert err.strip().splitlines() == [
+        f"fineweb.py: stopped (SIGTERM); {done} of 6 files done and kept; "
+        "run the same command to continue"
+    ]
+    with pytest.raises(ValueError, match="is unfinished"):
+        fineweb.load_corpus(out)
+    proc = cli(tmp_path, *args[:-1], 1, "--out_dir", out)  # --workers may differ
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0].startswith(f"{done + 1}/6 ")  # the first unfinished file
+    assert files_of(out) == files_of(ref)
+
+
+@pytest.mark.slow
+def test_ctrl_c_to_the_process_group_stops_and_hangup_under_nohup_does_not(tmp_path, many):
+    args, ref = many
+    out = tmp_path / "int"
+    proc = start(tmp_path, *args, "--out_dir", out, start_new_session=True)
+    wait_for(out / ".fineweb" / "0000.done.json", proc)
+    os.killpg(proc.pid, signal.SIGINT)  # the workers get it too, and ignore it
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 1 and err.startswith("fineweb.py: stopped (SIGINT); ")
+    assert len(err.strip().splitlines()) == 1, err
+    out = tmp_path / "hup"
+
+    def nohup():
+        default_signals()
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    proc = start(tmp_path, *args, "--out_dir", out, start_new_session=True, preexec_fn=nohup)
+    wait_for(out / ".fineweb" / "0000.done.json", proc)
     os.killpg(proc.pid, signal.SIGHUP)
-    _, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
-    assert_same_corpus(out, ref)
+    assert files_of(out) == files_of(ref)
 
 
-def _die_while_sending_a_result():
-    """A pool task that dies as the out-of-memory killer can catch a worker: part-way through sending its result
-    (a length header promising 1 MiB, then 10 bytes), with another worker still holding the pipe open."""
-    import gc
-    import struct
-    from multiprocessing.queues import SimpleQueue
+def test_a_failed_overwrite_leaves_the_old_corpus_as_it_was(tmp_path):
+    a = write_jsonl(tmp_path / "a.jsonl", make_docs(20, 1))
+    out = tmp_path / "out"
+    run_main("--local", a, "--out_dir", out, "--workers", 1)
+    old = files_of(out)
+    bad = tmp_path / "b.jsonl"
+    bad.write_text('{"text": "fine"}\n{"text": \n')
+    message = refused("--local", a, bad, "--out_dir", out, "--overwrite", "--workers", 1)
+    assert message.startswith(f"fineweb.py: error: {bad}:2: not a JSON object")
+    now = {k: v for k, v in files_of(out).items() if not k.startswith(".fineweb/staging/")}
+    assert now == old and fineweb.load_corpus(out)["sources"] == [str(a)]
 
-    results = next(o for o in gc.get_objects() if isinstance(o, SimpleQueue))  # the worker's result queue
-    results._writer._send(struct.pack("!i", 1 << 20) + b"x" * 10)
-    os.kill(os.getpid(), signal.SIGKILL)
+
+@pytest.mark.slow
+def test_a_stopped_overwrite_leaves_the_old_corpus_and_the_same_command_finishes(tmp_path, many):
+    args, ref = many
+    out = tmp_path / "out"
+    run_main(*args[:2], "--out_dir", out, "--workers", 1)  # the old corpus: one file
+    (out / "notes.txt").write_text("mine")
+    old = files_of(out)
+    proc = start(tmp_path, *args, "--out_dir", out, "--overwrite")
+    wait_for(out / ".fineweb" / "staging" / ".fineweb" / "0001.done.json", proc)
+    proc.send_signal(signal.SIGTERM)
+    outs, err = proc.communicate(timeout=30)
+    assert proc.returncode == 1 and err.startswith("fineweb.py: stopped (SIGTERM); "), err
+    kept = {k: v for k, v in files_of(out).items() if not k.startswith(".fineweb/staging/")}
+    assert kept == old and len(fineweb.load_corpus(out)["sources"]) == 1
+    proc = cli(tmp_path, *args, "--out_dir", out, "--overwrite")
+    assert proc.returncode == 0, proc.stderr
+    assert not proc.stdout.startswith("1/6")  # the finished files were kept
+    assert files_of(out) == {**files_of(ref), "notes.txt": b"mine"}
 
 
-def test_a_worker_killed_while_sending_its_result_breaks_the_pool_instead_of_hanging():
-    """The case ProcessPoolExecutor misses (its manager thread waits forever for the rest of the message):
-    pool_result still ends with BrokenProcessPool, within a few of its checks."""
-    import multiprocessing
-    import threading
+def children(pid):
+    paths = Path(f"/proc/{pid}/task").glob("*/children")
+    return [int(c) for p in paths for c in p.read_text().split()]
 
-    pool = fineweb.ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork"))
-    outcome = []
+
+def gone(pid):
     try:
-        pool.submit(int).result()  # both workers started and idle
-        waiter = threading.Thread(target=lambda: outcome.append(
-            pytest.raises(fineweb.BrokenProcessPool, fineweb.pool_result, pool.submit(_die_while_sending_a_result),
-                          pool, check_every=0.2)), daemon=True)
-        waiter.start()
-        waiter.join(timeout=30)
-        assert outcome, "pool_result still waiting 30 s after the worker died"
-    finally:
-        for p in list((pool._processes or {}).values()):
-            p.kill()
-        pool.shutdown(wait=bool(outcome))
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
 
 
-@pytest.mark.parametrize("start_method", ["fork", "spawn"])
-def test_a_killed_worker_ends_the_run_keeping_its_shards(tmp_path, big_corpus, start_method):
-    if start_method not in fineweb.multiprocessing.get_all_start_methods():
-        pytest.skip(f"no {start_method} here")
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc")
+def test_kill_9_of_the_parent_leaves_no_worker(tmp_path, many):
+    args, _ = many
     out = tmp_path / "out"
-    proc = start_run(big_corpus[0], out, "--start_method", start_method)
-    workers = [p for p in psutil.Process(proc.pid).children() if "resource_tracker" not in " ".join(p.cmdline())]
-    workers[0].kill()  # SIGKILL, as the out-of-memory killer does
-    assert_stopped_keeping_its_shards(proc, out, "fineweb.py: error: a tokenizer worker died (killed by a signal")
+    proc = start(tmp_path, *args, "--out_dir", out)
+    wait_for(out / ".fineweb" / "0000.done.json", proc)
+    deadline = time.monotonic() + 30
+    while len(children(proc.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    workers = children(proc.pid)
+    assert len(workers) >= 2
+    proc.kill()
+    proc.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while not all(gone(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(gone(w) for w in workers)
+    with pytest.raises(ValueError, match="is unfinished"):
+        fineweb.load_corpus(out)
 
 
-def test_a_run_killed_outright_is_refused_by_the_trainer_and_continued_by_the_same_command(tmp_path, big_corpus):
-    """kill -9 leaves shards and no manifest; the marker fineweb.py made at its start, holding its progress
-    record, stays too: train_gpt2.py refuses the partial corpus and the same command continues it."""
-    import run_files
+# -----------------------------------------------------------------------------
+# The hub, offline: the real huggingface_hub calls on a cache or a download dir
 
-    corpus, ref = big_corpus
+
+def hub_cache(hf_home, repo, files):
+    """The hub cache's layout for a dataset: refs/main, blobs, snapshot links."""
+    folder = Path(hf_home) / "hub" / f"datasets--{repo.replace('/', '--')}"
+    commit = hashlib.sha1(repo.encode()).hexdigest()
+    (folder / "refs").mkdir(parents=True)
+    (folder / "refs" / "main").write_text(commit)
+    (folder / "blobs").mkdir()
+    for name, source in files.items():
+        data = Path(source).read_bytes()
+        blob = folder / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        link = folder / "snapshots" / commit / name
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(blob, link.parent))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def parquets(tmp_path_factory):
+    d = tmp_path_factory.mktemp("parquets")
+    return [write_parquet(d / f"{i:03d}_00000.parquet", make_docs(60, i)) for i in range(3)]
+
+
+def test_hub_cache_offline_gives_the_shards_of_the_same_local_files(tmp_path, parquets):
+    names = {f"sample/10BT/{p.name}": p for p in parquets}
+    other = write_parquet(tmp_path / "other.parquet", make_docs(3, 9))
+    names["sample/100BT/000_00000.parquet"] = other  # not matched by --files
+    folder = hub_cache(tmp_path / "hf", "HuggingFaceFW/fineweb-edu", names)
+    out = tmp_path / "hub"
+    proc = cli(tmp_path, "--out_dir", out, "--shard_size", 700, "--workers", 2, "--free")
+    assert proc.returncode == 0, proc.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["dataset"] == "fineweb-edu" and manifest["repo"] == "HuggingFaceFW/fineweb-edu"
+    assert manifest["sources"] == [f"sample/10BT/{p.name}" for p in parquets]
+    run_main("--local", *parquets, "--out_dir", tmp_path / "local", "--shard_size", 700)
+    local = json.loads((tmp_path / "local" / "manifest.json").read_text())
+    assert manifest["shards"] == local["shards"]
+    assert manifest["fingerprint"] == local["fingerprint"]
+    # --free: the cache's blobs of the files tokenised are gone, the rest stays
+    assert len(list((folder / "blobs").iterdir())) == 1
+    assert (folder / "snapshots").rglob("100BT/*.parquet")
+
+
+def test_hub_download_dir_offline_and_its_errors(tmp_path, parquets):
+    download = tmp_path / "dl"
+    (download / "data").mkdir(parents=True)
+    for p in parquets[:2]:
+        shutil.copy(p, download / "data" / p.name)
     out = tmp_path / "out"
-    proc = start_run(corpus, out)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.communicate()
-    assert list(out.glob("*.npy")) and not (out / "manifest.json").exists()
-    with pytest.raises(ValueError, match="has no manifest.json and holds an unfinished fineweb.py output"):
-        run_files.find_shards(out)
-    assert fineweb.read_progress(out)["settings"]["shard_size"] == 50_000
-    run_main(*BIG_ARGS(corpus, out))
-    assert_same_corpus(out, ref)
+    repo = ["--repo", "someone/corpus", "--files", "data/*.parquet"]
+    proc = cli(tmp_path, *repo, "--download_dir", download, "--out_dir", out, "--shard_size", 700)
+    assert proc.returncode == 0, proc.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["dataset"] == "someone/corpus" and len(manifest["sources"]) == 2
+    run_main("--local", *parquets[:2], "--out_dir", tmp_path / "local", "--shard_size", 700)
+    assert manifest["fingerprint"] == fineweb.load_corpus(tmp_path / "local")["fingerprint"]
+    proc = cli(tmp_path, *repo, "--out_dir", tmp_path / "none")  # nothing downloaded
+    one_line_error(proc, "set 'HF_HUB_OFFLINE=0'")
+    assert not (tmp_path / "none").exists()
+    proc = cli(
+        tmp_path, *repo[:2], "--files", "*.txt", "--download_dir", download, "--out_dir", out
+    )
+    one_line_error(proc, "no files of someone/corpus match '*.txt'")
 
 
-def test_import_has_no_side_effects_and_no_torch():
-    code = "import sys, fineweb; assert 'torch' not in sys.modules and 'train_gpt2' not in sys.modules"
+# -----------------------------------------------------------------------------
+# The module
+
+
+def test_import_does_nothing_and_help_states_the_rules(capsys):
+    code = (
+        "import sys, fineweb\n"
+        "heavy = {'torch', 'tiktoken', 'huggingface_hub', 'pyarrow', 'tqdm', 'train_gpt2'}\n"
+        "assert not heavy & set(sys.modules), heavy & set(sys.modules)\n"
+    )
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60)
+    with pytest.raises(SystemExit) as exc:
+        fineweb.main(["-h"])
+    assert exc.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "two or more blank lines" in text and "--local input.txt --tokenizer char" in text
+    assert "the same command" in text and "--overwrite" in text

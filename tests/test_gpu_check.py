@@ -1,10 +1,13 @@
-"""scripts/gpu_check.sh: its preflight fails in seconds naming each missing thing; its CPU smoke mode runs every
-stage and prints the one table; any failure exits non-zero and names the stage. (The GPU run itself needs a GPU:
-this checks the script, not the GPU's numbers. What a CPU machine lacks, a GPU, nvidia-smi, a compiler, a module,
-is simulated with PATH, PYTHONPATH and a sitecustomize.py.)"""
+"""scripts/gpu_check.sh and gpu_check.py as a user runs them: the CPU smoke runs every stage
+(toy sizes, a real torchrun run and its resume) and records each one as it ends, in a results
+file that is valid line by line, and the table; a tiny deadline skips the stages cleanly and
+still writes the table; a stop signal stops the trainer it started and the check, in one line;
+bad flags and a torch without CUDA are one line. (The GPU's numbers need a GPU: this checks the
+program, not them.)"""
 
+import json
 import os
-import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -12,168 +15,209 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import ROOT, child_env
 
-from helpers import child_env
-
-ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
-TOOLS = ("bash", "mktemp", "timeout", "tr", "sed", "tail", "head", "grep", "rm", "dirname", "cat", "sort", "sleep")
-# nvidia-smi as the script calls it: 1 GiB in use before a stage, 3 GiB while it runs (one sample per 0.1 s)
-FAKE_NVIDIA_SMI = """#!/bin/bash
-case " $* " in
-    *" -lms "*) while true; do echo 3072; sleep 0.1; done ;;
-    *) echo 1024 ;;
-esac
-"""
+# the smoke's stages in order (its batch sizes are 4, 2 and 1)
+STAGES = [
+    "preflight",
+    "correct_fp32",
+    "correct_bf16",
+    "correct_compiled",
+    "step_B4",
+    "step_B2",
+    "step_B1",
+    "val",
+    "hellaswag",
+    "sample",
+    "checkpoint",
+    "eval_share",
+    "corpus",
+    "train",
+    "resume",
+]
 
 
-def gpu_check(tmp_path, *args, path=None, **env):
-    """The script as a user runs it, with this interpreter (unless PYTHON=None) and its temp files under tmp_path."""
-    env = {k: v for k, v in {**child_env(), "PYTHON": sys.executable, "TMPDIR": str(tmp_path), **env}.items()
-           if v is not None}
-    if path is not None:
-        env["PATH"] = str(path)
-    return subprocess.run(["bash", str(SCRIPT), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
+def env_for(**extra) -> dict:
+    """The environment of a run: this interpreter, the caches left to gpu_check.py."""
+    env = child_env(**{"PYTHON": sys.executable, **extra})
+    for key in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "GPU_CHECK_OUT"):
+        env.pop(key, None)
+    return env
 
 
-def bin_dir(tmp_path, *extra: str, **scripts: str) -> Path:
-    """A directory for PATH holding the shell tools the script uses, the `extra` commands of this machine, and
-    `scripts` (name -> text): a machine that lacks everything else, a C compiler and python among them."""
-    d = tmp_path / "bin"
-    d.mkdir()
-    for tool in TOOLS + extra:
-        (d / tool).symlink_to(shutil.which(tool))
-    for name, text in scripts.items():
-        (d / name).write_text(text)
-        (d / name).chmod(0o755)
-    return d
+def gpu_check(*args, timeout=600, **env):
+    return subprocess.run(
+        ["bash", str(SCRIPT), *map(str, args)],
+        cwd=ROOT,
+        env=env_for(**env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
-def preflight_lines(proc) -> list[str]:
-    return [line for line in proc.stderr.splitlines() if line.startswith("gpu_check.sh: preflight: ")]
+def runs(out: Path) -> list[Path]:
+    return sorted(out.glob("run_*"))
+
+
+def results(run_dir: Path) -> list[dict]:
+    """results.jsonl, every line a JSON object; the first is the run's, then a stage a line."""
+    lines = (run_dir / "results.jsonl").read_text().splitlines()
+    entries = [json.loads(line) for line in lines]
+    assert entries[0]["stage"] == "run" and all(isinstance(e, dict) for e in entries)
+    return entries
+
+
+def table_rows(run_dir: Path) -> list[list[str]]:
+    lines = (run_dir / "table.md").read_text().splitlines()
+    assert lines[2] == "| | stage | status | s | result |", lines[:3]
+    return [[cell.strip() for cell in line.split("|")[1:-1]] for line in lines[4:]]
 
 
 @pytest.mark.slow
-def test_cpu_smoke_runs_every_stage_and_prints_one_table(tmp_path):
-    """With nvidia-smi on PATH (a fake one here), the peak GPU memory column and the per-stage line come from its
-    samples; bench.py's train rows have the allocator's peak, none on a CPU."""
-    fake = tmp_path / "fake_bin"
-    fake.mkdir()
-    (fake / "nvidia-smi").write_text(FAKE_NVIDIA_SMI)
-    (fake / "nvidia-smi").chmod(0o755)
-    work = tmp_path / "work"
-    work.mkdir()
-    proc = gpu_check(work, "--cpu-smoke", path=f"{fake}:{os.environ['PATH']}")
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    table = [line for line in proc.stdout.splitlines() if line.startswith("|")]
-    assert table[0] == "| measurement | ms/step | tok/s | MFU | peak GPU memory | notes |"
-    assert table[1].startswith("| --- |")
-    rows = [[cell.strip() for cell in r.split("|")[1:-1]] for r in table[2:]]
-    assert [r[0].split(",")[0] for r in rows] == [
-        "bench.py train step", "bench.py train step", "torchrun 3 steps", "KV-cache generation"]
-    assert [r[4] for r in rows] == ["-", "-", "2.0 GiB", "2.0 GiB"]  # 3072 - 1024 MiB during the stage
-    run_row = rows[2][5]
-    assert "sample printed: yes" in run_row and "checkpoint: yes" in run_row and "HellaSwag acc_norm 0." in run_row
-    assert "speed-up" in rows[3][5] and "tokens identical: yes" in rows[3][5]
-    assert ("Peak GPU memory in use per stage (nvidia-smi every 0.25 s, less what was in use before it; the CUDA "
-            "context and the allocator's cache included): bench.py train step 2.0 GiB, torchrun 3-step gpt2-124M "
-            "run 2.0 GiB, bench.py KV-cache generation 2.0 GiB") in proc.stdout
-    assert "CPU smoke" in proc.stdout and "total time:" in proc.stdout
-    for stage in ("preflight", "synthetic data", "bench.py train step", "bench.py KV-cache generation", "torchrun 3-step"):
-        assert f"[gpu_check] {stage}" in proc.stderr
-    assert preflight_lines(proc) == []
-    assert list(work.iterdir()) == []  # the work directory is removed
-    assert not subprocess.run(["pgrep", "-f", str(fake / "nvidia-smi")], capture_output=True).stdout  # no sampler left
+def test_cpu_smoke_records_every_stage_and_writes_the_table(tmp_path):
+    out = tmp_path / "out"
+    proc = gpu_check("--cpu-smoke", "--out", out)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    [run_dir] = runs(out)
+    entries = results(run_dir)
+    head = entries[0]
+    assert head["mode"] == "cpu" and head["compile"] == "eager"
+    # the compile caches are fixed, in --out, for the next run (and the trainer's processes)
+    assert head["inductor_cache"] == str(out / "inductor_cache")
+    assert head["triton_cache"] == str(out / "triton_cache")
+    stages = entries[1:]
+    assert [e["stage"] for e in stages] == STAGES
+    problems = [(e["stage"], e.get("error") or e.get("reason")) for e in stages]
+    assert all(e["status"] == "ok" for e in stages), problems
+    assert all(e["seconds"] >= 0 and e["result"]["summary"] for e in stages)
+    by_name = {e["stage"]: e["result"] for e in stages}
+    # the CPU's fp32 equals the reference file's (made on a CPU in fp32); after a change to
+    # the model: python scripts/gpu_check.py --make-reference
+    assert by_name["correct_fp32"]["logits_abs"] < 1e-4
+    assert by_name["correct_fp32"]["reference_remade"] is False
+    assert by_name["step_B4"]["attention"]["kind"] in ("flash", "efficient", "math")
+    assert by_name["val"]["tokens"] == 8 * 4 * 32
+    assert by_name["hellaswag"]["n"] == 16
+    assert 0 < by_name["eval_share"]["share"]
+    for name in ("train", "resume"):
+        assert all(by_name[name]["found"].values()), by_name[name]
+    log_dir = run_dir / "train_log"
+    # the trainer's checkpoints were written (found), resumed from, then removed
+    assert "resumed from" in (run_dir / "resume.log").read_text()
+    assert not list(log_dir.glob("model_*.pt"))
+    assert len((log_dir / "runs.jsonl").read_text().splitlines()) == 2
+    assert not (run_dir / "model_check.pt").exists()
+    # the table: a row a stage, the same text printed at the end
+    rows = table_rows(run_dir)
+    assert [r[1] for r in rows] == STAGES and {r[2] for r in rows} == {"ok"}
+    assert proc.stdout.endswith((run_dir / "table.md").read_text())
+    assert "CPU smoke" in proc.stdout
 
 
-def test_a_failing_stage_exits_non_zero_and_is_named(tmp_path):
-    proc = gpu_check(tmp_path, "--cpu-smoke", GPU_CHECK_BENCH_ARGS="--no_such_flag 1")
-    assert proc.returncode != 0
-    assert "FAILED in stage 'bench.py train step'" in proc.stderr
-    assert "unrecognized arguments: --no_such_flag" in proc.stderr  # the stage's own message is shown
-    assert "| measurement |" not in proc.stdout
+def test_a_tiny_deadline_skips_the_stages_and_still_writes_the_table(tmp_path):
+    """Two runs in one --out: two run directories, the preflight run, every other stage
+    recorded as skipped, with why."""
+    out = tmp_path / "out"
+    for _ in range(2):
+        proc = gpu_check("--cpu-smoke", "--out", out, "--deadline", "0.5", timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(runs(out)) == 2
+    for run_dir in runs(out):
+        stages = results(run_dir)[1:]
+        assert [e["stage"] for e in stages] == STAGES
+        assert stages[0]["status"] == "ok"
+        for entry in stages[1:]:
+            assert entry["status"] == "skipped", entry
+            assert entry["reason"].endswith("s left before the deadline"), entry
+        rows = table_rows(run_dir)
+        assert [r[2] for r in rows] == ["ok"] + ["skipped"] * (len(STAGES) - 1)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the failure on a machine without a GPU")
-def test_the_gpu_run_without_a_gpu_fails_in_seconds_in_the_preflight(tmp_path):
-    start = time.monotonic()
-    proc = gpu_check(tmp_path)
-    assert proc.returncode == 1 and time.monotonic() - start < 60
-    assert f"gpu_check.sh: preflight: torch {torch.__version__} is a CPU-only build: install its CUDA build" in proc.stderr
-    assert proc.stderr.rstrip().endswith("gpu_check.sh: FAILED in stage 'preflight' (exit 1)")
-    assert "[gpu_check] synthetic data" not in proc.stderr and list(tmp_path.iterdir()) == []
+def test_only_the_chosen_stages_run(tmp_path):
+    proc = gpu_check("--cpu-smoke", "--out", tmp_path, "--stages", "d", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    entries = {e["stage"]: e for e in results(runs(tmp_path)[0])[1:]}
+    ran = [name for name, e in entries.items() if e["status"] == "ok"]
+    assert ran == ["preflight", "val", "hellaswag", "sample", "checkpoint"]
+    # stage d builds the warm model itself; eval_share needs stage c's step
+    assert entries["eval_share"]["reason"] == "needs step_B4, which did not run or failed"
+    assert entries["train"]["reason"] == "not in --stages"
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the preflight's GPU lines differ on a machine with a GPU")
-def test_the_preflight_names_every_missing_thing(tmp_path):
-    """No `python` (python3 is used), no C compiler, a module that does not import, no Python.h: one line each,
-    with what to install, besides the CPU-only torch."""
-    used = tmp_path / "python3_was_used"
-    path = bin_dir(tmp_path, python3=f'#!/bin/sh\n: > "{used}"\nexec "{sys.executable}" "$@"\n')
-    site = tmp_path / "site"
-    (site / "tiktoken").mkdir(parents=True)
-    (site / "tiktoken" / "__init__.py").write_text(
-        "raise ModuleNotFoundError(\"No module named 'tiktoken'\", name='tiktoken')  # as if not installed\n")
-    (site / "sitecustomize.py").write_text(  # Python's headers not installed
-        "import sysconfig\n_paths = sysconfig.get_paths\n"
-        "sysconfig.get_paths = lambda *a, **k: {**_paths(*a, **k), 'include': '/nonexistent/include'}\n")
-    work = tmp_path / "work"
-    work.mkdir()
-    proc = gpu_check(work, path=path, PYTHON=None, CC=None, PYTHONPATH=str(site))
-    assert proc.returncode == 1 and used.exists()
-    lines = preflight_lines(proc)
-    assert [line.split(": ")[2].split(" ")[0] for line in lines] == ["torch", "Python", "Python", "no", "no"], lines
-    assert "Python module 'tiktoken' is missing from" in lines[1] and lines[1].endswith("pip install -r requirements.txt")
-    assert "Python module 'triton' is missing from" in lines[2]
-    assert lines[3] == ("gpu_check.sh: preflight: no C compiler (gcc or clang) on PATH: Triton (torch.compile on "
-                        "CUDA) builds with one: apt install gcc (dnf install gcc, conda install gcc), or set CC")
-    assert lines[4].startswith("gpu_check.sh: preflight: no Python.h in /nonexistent/include: Triton compiles against "
-                               "Python's headers: apt install python3.")
-    assert "FAILED in stage 'preflight' (exit 1)" in proc.stderr and list(work.iterdir()) == []
-
-
-def test_the_cpu_smoke_preflight_needs_no_compiler_and_names_a_missing_module(tmp_path):
-    path = bin_dir(tmp_path)
-    site = tmp_path / "site"
-    (site / "tqdm").mkdir(parents=True)
-    (site / "tqdm" / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'tqdm'\", name='tqdm')\n")
-    proc = gpu_check(tmp_path, "--cpu-smoke", path=path, PYTHONPATH=str(site))
+@pytest.mark.slow
+def test_a_stop_signal_stops_the_trainer_and_the_check_in_one_line(tmp_path):
+    """SIGTERM while torchrun trains: the trainer's process group is stopped, the stage is
+    recorded as stopped and the rest as skipped, the table written, one line on stderr."""
+    out = tmp_path / "out"
+    argv = ["bash", str(SCRIPT), "--cpu-smoke", "--out", str(out), "--stages", "e"]
+    proc = subprocess.Popen(
+        argv, cwd=ROOT, env=env_for(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 240
+    log = None
+    while time.monotonic() < deadline and proc.poll() is None:
+        found = list(out.glob("run_*/train.log"))
+        if found and "tokens a step" in found[0].read_text():
+            log = found[0]
+            break
+        time.sleep(0.2)
+    assert log is not None, "the trainer did not start"
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=120)
+    run_dir = log.parent
     assert proc.returncode == 1
-    assert preflight_lines(proc) == [f"gpu_check.sh: preflight: Python module 'tqdm' is missing from {sys.executable}: "
-                                     "pip install -r requirements.txt"]
+    assert stderr.splitlines() == [f"gpu_check.py: stopped by SIGTERM; what ran is in {run_dir}"]
+    entries = {e["stage"]: e for e in results(run_dir)[1:]}
+    assert entries["train"]["status"] == "failed"
+    assert entries["train"]["error"] == "stopped by SIGTERM"
+    assert entries["resume"] == dict(entries["resume"], status="skipped")
+    assert entries["resume"]["reason"] == "stopped by SIGTERM"
+    assert [r[1] for r in table_rows(run_dir)] == STAGES
+    # nothing of the trainer's is left running
+    left = subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True, text=True)
+    assert left.stdout == ""
 
 
-def test_no_python_at_all_is_one_line(tmp_path):
-    proc = gpu_check(tmp_path, path=bin_dir(tmp_path), PYTHON=None)
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without a GPU")
+def test_without_cuda_the_gpu_run_is_one_line_and_writes_nothing(tmp_path):
+    proc = gpu_check("--out", tmp_path / "out", timeout=120)
     assert proc.returncode == 1
-    assert preflight_lines(proc) == ["gpu_check.sh: preflight: no python or python3 on PATH: install Python 3.10 or "
-                                     "newer, then `pip install -r requirements.txt`; or set PYTHON=/path/to/python"]
-    proc = gpu_check(tmp_path, PYTHON="/no/such/python")
-    assert preflight_lines(proc) == ["gpu_check.sh: preflight: PYTHON=/no/such/python is not a command: set it to the "
-                                     "interpreter that has torch"]
+    assert proc.stderr.splitlines() == [
+        f"gpu_check.py: error: torch {torch.__version__} is a CPU-only build: run it on a"
+        " GPU, or --cpu-smoke"
+    ]
+    assert not (tmp_path / "out").exists()
 
 
-def test_too_little_free_gpu_memory_and_a_wrong_cc_are_refused(tmp_path):
-    """A GPU simulated in the preflight's torch (sitecustomize.py): 2 of 80 GiB free, below the 40 it asks for;
-    and CC naming no compiler."""
-    site = tmp_path / "site"
-    (site / "triton").mkdir(parents=True)
-    (site / "triton" / "__init__.py").write_text("")
-    (site / "sitecustomize.py").write_text(
-        "import torch\ntorch.version.cuda = '12.8'\ntorch.cuda.is_available = lambda: True\n"
-        "torch.cuda.mem_get_info = lambda *a: (2 * 2**30, 80 * 2**30)\n"
-        "torch.cuda.get_device_name = lambda *a: 'NVIDIA H100 80GB HBM3'\n")
-    proc = gpu_check(tmp_path, PYTHONPATH=str(site), CC="no-such-cc")
+@pytest.mark.parametrize(
+    "args",
+    [["--deadline", "0"], ["--stages", "xyz", "--compile", "max"]],
+)
+def test_bad_flags_are_one_line(tmp_path, args):
+    proc = gpu_check("--cpu-smoke", "--out", tmp_path, *args, timeout=120)
+    assert proc.returncode == 2
+    [line] = proc.stderr.splitlines()
+    assert line.startswith("gpu_check.py: error: ")
+    assert not list(tmp_path.iterdir())
+
+
+def test_no_python_is_one_line(tmp_path):
+    proc = gpu_check("--cpu-smoke", PYTHON="no-such-python", timeout=60)
     assert proc.returncode == 1
-    assert preflight_lines(proc) == [
-        "gpu_check.sh: preflight: CC=no-such-cc is not a command: Triton compiles with $CC; point it at gcc or clang, "
-        "or unset it",
-        "gpu_check.sh: preflight: 2.0 GiB of 80.0 GiB free on NVIDIA H100 80GB HBM3, the check needs about 40 "
-        "(bench.py's 124M step at B=64, T=1024): stop what holds it (nvidia-smi lists it), or set "
-        "GPU_CHECK_MIN_FREE_GB lower with GPU_CHECK_BENCH_ARGS='--batch_size 16'"]
-    assert "[gpu_check] NVIDIA H100 80GB HBM3: 2.0 of 80.0 GiB free; torch " in proc.stderr
+    assert proc.stderr.splitlines() == [
+        "gpu_check.sh: error: no no-such-python on PATH: set PYTHON to the python that has torch"
+    ]
 
 
-def test_unknown_argument_is_rejected(tmp_path):
-    proc = gpu_check(tmp_path, "--fast")
-    assert proc.returncode == 2 and "unknown argument '--fast'" in proc.stderr
+def test_the_reference_holds_both_cases():
+    """Made on a CPU in fp32 by --make-reference: 124M for the GPU, tiny for the smoke."""
+    reference = json.loads((ROOT / "scripts" / "gpu_reference.json").read_text())
+    assert reference["made_with"]["dtype"] == "float32"
+    for name, vocab in (("gpt2-124M", 50304), ("tiny", 50304)):
+        case = reference["cases"][name]
+        assert case["model"]["vocab_size"] == vocab and case["steps"] == 3
+        assert len(case["losses"]) == 4 and case["losses"][-1] < case["losses"][0]
+        assert len(case["logits"]) == case["B"] * 2 * 8 and case["init"] > 0
+    assert os.access(SCRIPT, os.X_OK)

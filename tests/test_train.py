@@ -1,616 +1,467 @@
-"""The training side of train_gpt2.py: the LR schedule's wiring, one-batch overfitting, gradient accumulation, DDP
-parity, bit-exact resume, log and checkpoint formats, the presets and the command line.
+"""The training program, run as users run it: in this process for the loop's arithmetic (resume,
+overfitting, guards, sinks), as real processes for signals, kills, DDP and bad input. Any GPT
+that GPTConfig builds passes these: no number of GPT-2's is pinned here."""
 
-Runs are tiny (vocab 96, 2 layers of width 32, sequences of 16) on numpy-made shards whose token stream
-repeats a fixed random 24-token pattern with 5% noise, so the loss has something to learn. Everything runs
-in-process through train() or main() unless the test is about a real process (torchrun, the exit status
-and stderr of the script)."""
-
-import dataclasses
-import functools
 import json
 import math
 import os
-import re
+import shlex
 import signal
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
+from conftest import ROOT, child_env, read_log, run_program, tiny_config, tiny_flags
 
-import launcher
-import run_files
+import fineweb
 import train_gpt2
-from fineweb import get_tokenizer
-from plot import read_log
-from train_gpt2 import TrainConfig, get_lr, parse_train_args, train
-from helpers import child_env, measured
-
-ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: one torch thread for every test here
-VOCAB = 96
-MODEL = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=VOCAB)
-OFFLINE = dict(hellaswag_interval=0, sample_interval=0, device="cpu", dtype="float32", compile="false")
-LOG_LINE = re.compile(r"^(\d+) ([a-z_]+) (\S+)$")
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Helpers
-
-
-def make_shards(root: Path, train_sizes=(6000, 6000), val_size=4096, vocab=VOCAB, seed=0) -> Path:
-    """fineweb.py-style uint16 shards: tmp_val_000000.npy, then tmp_train_000001.npy, ...; a repeating
-    24-token pattern with 5% uniform noise (learnable, but not trivially)."""
-    root.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
-    pattern = rng.permutation(vocab)[:24]
-
-    def tokens(n: int) -> np.ndarray:
-        seq = np.resize(pattern, n)
-        noisy = rng.random(n) < 0.05
-        return np.where(noisy, rng.integers(0, vocab, n), seq).astype(np.uint16)
-
-    np.save(root / "tmp_val_000000.npy", tokens(val_size))
-    for i, n in enumerate(train_sizes, start=1):
-        np.save(root / f"tmp_train_{i:06d}.npy", tokens(n))
-    return root
-
-
-def settings(data_root, log_dir, **overrides) -> dict:
-    """A tiny, fast, offline run as TrainConfig keyword arguments."""
-    base = dict(data_root=str(data_root), log_dir=str(log_dir), **MODEL, batch_size=4, seq_len=16,
-                total_batch_size=64, max_steps=4, warmup_steps=2, max_lr=3e-3, eval_interval=2, val_tokens=256,
-                ckpt_interval=0, **OFFLINE)
-    base.update(overrides)
-    return base
-
-
-def flags(**kv) -> list[str]:
-    """--key value pairs as the command line spells them (booleans as true/false)."""
-    out = []
-    for key, value in kv.items():
-        out += [f"--{key}", ("true" if value else "false") if isinstance(value, bool) else str(value)]
-    return out
-
-
-def run_train(log=None, **kv) -> dict:
-    """train() on TrainConfig(**kv), collecting log messages into `log` (a list) if given."""
-    messages = log if log is not None else []
-    return train(TrainConfig(**kv), log=messages.append)
-
-
-def weights(path) -> dict:
-    return torch.load(path, map_location="cpu", weights_only=True)["model"]
-
-
-def final_checkpoint(log_dir) -> Path:
-    paths = run_files.checkpoint_paths(log_dir)
-    assert paths, f"no checkpoint in {log_dir}"
-    return paths[-1]
-
-
-def headers(log_dir) -> list[dict]:
-    """The JSON blocks of header.txt, one per start or resume."""
-    text, out, pos = (Path(log_dir) / "header.txt").read_text(), [], 0
-    decoder = json.JSONDecoder()
-    while pos < len(text):
-        if text[pos].isspace():
-            pos += 1
-            continue
-        block, pos = decoder.raw_decode(text, pos)
-        out.append(block)
-    return out
-
-
-def max_abs_diff(a: dict, b: dict) -> float:
-    """The largest |a - b| over every entry of every tensor (a tensor may be empty: all of it left out as a
-    zero-gradient entry, e.g. a LayerNorm bias on the keys)."""
-    assert a.keys() == b.keys() and all(a[k].shape == b[k].shape for k in a)
-    return max(((a[k].double() - b[k].double()).abs().max().item() for k in a if a[k].numel()), default=0.0)
-
-
-@functools.lru_cache(maxsize=None)
-def zero_gradient_entries() -> dict:
-    """{state-dict key: bool mask} of the entries whose true gradient is zero for every input, found by one float64
-    backward pass of a fresh MODEL on a batch holding every token and position: those entries get rounding noise
-    (~1e-16 of the largest gradient) where every other entry gets a real gradient. The key third of c_attn.bias
-    is one (softmax ignores a shift shared by all of a query's scores), and so is any edit's equivalent (a
-    LayerNorm bias on the keys). In fp32 the noise (~1e-9) depends on the summation order, and AdamW divides it
-    by its own RMS, moving those entries by up to ~lr either way: two correct runs differ there, and only there."""
-    torch.manual_seed(0)
-    model = train_gpt2.GPT(train_gpt2.GPTConfig(**MODEL)).double()
-    T = MODEL["block_size"]
-    idx = torch.randperm(VOCAB * 2).remainder(VOCAB)[: VOCAB * 2 // T * T].view(-1, T)
-    _, loss = model(idx, idx.roll(1, dims=1))
-    loss.backward()
-    params = model.state_dict(keep_vars=True)
-    grads = {k: torch.zeros_like(v) if v.grad is None else v.grad for k, v in params.items()}
-    top = max(g.abs().max().item() for g in grads.values())
-    return {k: g.abs() < 1e-10 * top for k, g in grads.items()}
-
-
-def without_zero_gradient_entries(state: dict) -> dict:
-    """The state dict with zero_gradient_entries() left out (each tensor flattened to its compared entries)."""
-    masks = zero_gradient_entries()
-    assert masks.keys() == state.keys()
-    return {k: v[~masks[k]] for k, v in state.items()}
-
-
-def assert_logs_close(a: dict, b: dict, atol: float):
-    """read_log results with the same kinds and steps and values within atol."""
-    assert a.keys() == b.keys()
-    for kind in a:
-        assert [s for s, _ in a[kind]] == [s for s, _ in b[kind]], kind
-        for (step, x), (_, y) in zip(a[kind], b[kind]):
-            assert abs(x - y) <= atol, (kind, step, x, y)
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory) -> Path:
-    return make_shards(tmp_path_factory.mktemp("shards"))
-
-
-@pytest.fixture(scope="module")
-def small_data(tmp_path_factory) -> Path:
-    """Two short train shards (100 + 150 tokens): a 64-token step wraps the epoch every 3 steps and reads
-    across the shard boundary."""
-    return make_shards(tmp_path_factory.mktemp("small_shards"), train_sizes=(100, 150))
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Learning-rate schedule
-
-
-def test_lr_decay_steps_is_decoupled_from_max_steps(data, tmp_path):
-    """The lr the last update used (stored in the checkpoint's optimizer) follows --lr_decay_steps, not
-    --max_steps; without it, the decay ends at max_steps. Whatever the schedule's shape, it has reached min_lr by
-    its decay_steps and not before."""
-    max_lr, min_lr = 3e-3, 3e-4
-    run_train(**settings(data, tmp_path / "a", max_steps=5, warmup_steps=1, lr_decay_steps=12, eval_interval=0))
-    run_train(**settings(data, tmp_path / "b", max_steps=5, warmup_steps=1, lr_decay_steps=4, eval_interval=0))
-    run_train(**settings(data, tmp_path / "c", max_steps=5, warmup_steps=1, eval_interval=0))
-    used = {run: torch.load(final_checkpoint(tmp_path / run), weights_only=True)["optimizer"]["param_groups"]
-            for run in "abc"}
-    assert [g["lr"] for g in used["a"]] == pytest.approx([get_lr(4, max_lr, min_lr, 1, 12)] * 2, rel=1e-12)
-    assert [g["lr"] for g in used["b"]] == pytest.approx([min_lr] * 2, rel=1e-12)  # step 4 of a 4-step decay
-    assert [g["lr"] for g in used["c"]] == pytest.approx([get_lr(4, max_lr, min_lr, 1, 5)] * 2, rel=1e-12)
-    assert used["a"][0]["lr"] > min_lr and used["c"][0]["lr"] > min_lr
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Optimization sanity
-
-
-def test_overfit_one_batch(data, tmp_path):
-    """One fixed batch of 4 x 32 tokens is memorised: the loss goes from ~ln(96) to below 0.05."""
-    messages = []
-    cfg = settings(data, tmp_path, batch_size=4, seq_len=32, total_batch_size=128, max_steps=120, warmup_steps=5,
-                   max_lr=1e-2, weight_decay=0.0, eval_interval=0, overfit_batch=True)
-    metrics = run_train(messages, **cfg)
-    losses = [v for _, v in read_log(tmp_path / "log.txt")["train"]]
-    assert len(losses) == 120
-    assert losses[0] > 4.0  # ~ln(96) = 4.56 at initialisation
-    assert metrics["train"] < 0.05, losses[-10:]
-    assert min(losses[:100]) < 0.05  # well within the budget, not just at the very end
-    # a control: the same run on fresh batches cannot memorise the 5% noise
-    normal = run_train(**{**cfg, "log_dir": str(tmp_path / "normal"), "overfit_batch": False, "max_steps": 60})
-    assert normal["train"] > 0.1
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Gradient accumulation and DDP
-
-
-def test_gradient_accumulation_equals_one_big_batch(data, tmp_path):
-    """4 micro-steps of B=2 give the update of one step of B=8 (same 128 tokens, fp32)."""
-    common = dict(seq_len=16, total_batch_size=128, max_steps=2, warmup_steps=1, eval_interval=2)
-    big = run_train(**settings(data, tmp_path / "big", batch_size=8, **common))
-    acc = run_train(**settings(data, tmp_path / "acc", batch_size=2, **common))
-    assert headers(tmp_path / "big")[0]["grad_accum_steps"] == 1
-    assert headers(tmp_path / "acc")[0]["grad_accum_steps"] == 4
-    big_w, acc_w = without_zero_gradient_entries(weights(big["checkpoint"])), without_zero_gradient_entries(weights(acc["checkpoint"]))
-    assert max_abs_diff(big_w, acc_w) < 1e-6
-    assert_logs_close(measured(tmp_path / "big"), measured(tmp_path / "acc"), 2e-6)
-    assert acc["val"] == pytest.approx(big["val"], abs=1e-6)
-    # the tolerance means something: a different batch (32 tokens, no accumulation) lands elsewhere
-    other = run_train(**settings(data, tmp_path / "other", batch_size=2, **{**common, "total_batch_size": 32}))
-    assert max_abs_diff(weights(big["checkpoint"]), weights(other["checkpoint"])) > 1e-4
-
-
-def test_total_batch_must_divide_over_the_world(data, tmp_path):
-    """total_batch_size divisible by B*T but not by B*T*world is refused before anything runs."""
-    cfg = TrainConfig(**settings(data, tmp_path, batch_size=2, seq_len=16, total_batch_size=96))  # 3 x 32
-    lock = run_files.LogDirLock(cfg.log_dir, master=True)
-    with pytest.raises(ValueError, match="world_size"):
-        train_gpt2.set_up(cfg, False, 0, 2, "cpu", lock, log=lambda *a: None)  # as rank 0 of 2
-    assert not (tmp_path / "log.txt").exists()
-
-
-@pytest.mark.slow
-def test_ddp_two_processes_match_one(data, tmp_path):
-    """torchrun with 2 gloo ranks (B=2, 2 micro-steps each) = one process with the same 128-token steps,
-    both with accumulation (B=2 x 4) and without (B=8): train and val losses, and the final weights."""
-    common = dict(seq_len=16, total_batch_size=128, max_steps=4, warmup_steps=1, eval_interval=2, val_tokens=256)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", "train_gpt2.py",
-           *flags(**settings(data, tmp_path / "ddp", batch_size=2, **common))]
-    proc = subprocess.run(cmd, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=540)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "2 process(es)" in proc.stdout and "2 x 16 x 2 ranks x 2 micro-steps" in proc.stdout
-    header = headers(tmp_path / "ddp")
-    assert len(header) == 1 and header[0]["world_size"] == 2 and header[0]["grad_accum_steps"] == 2
-    ddp_log = measured(tmp_path / "ddp")
-    assert [s for s, _ in ddp_log["train"]] == [0, 1, 2, 3] and [s for s, _ in ddp_log["val"]] == [0, 2, 4]
-    ddp_weights = weights(final_checkpoint(tmp_path / "ddp"))
-    for name, batch_size in (("accum", 2), ("wide", 8)):
-        single = run_train(**settings(data, tmp_path / name, batch_size=batch_size, **common))
-        assert_logs_close(ddp_log, measured(tmp_path / name), 1e-5)
-        single_weights = without_zero_gradient_entries(weights(single["checkpoint"]))
-        assert max_abs_diff(without_zero_gradient_entries(ddp_weights), single_weights) < 1e-5
-    ddp_ckpt = torch.load(final_checkpoint(tmp_path / "ddp"), weights_only=True)
-    assert ddp_ckpt["val_loss"] == pytest.approx(single["val"], abs=1e-5)
-    assert ddp_ckpt["step"] == 4
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Resume
-
-
-def test_resume_continues_bit_identically(small_data, tmp_path):
-    """2N steps straight == N steps + `--resume auto` to 2N: the same log.txt, bit-identical weights and
-    optimizer state. The data wraps epochs mid-run with shuffled shard order, so the loader state matters."""
-    N = 4
-    common = settings(small_data, tmp_path / "straight", batch_size=2, total_batch_size=64, warmup_steps=2,
-                      eval_interval=2, lr_decay_steps=2 * N, shuffle=True)
-    train_gpt2.main(flags(**{**common, "max_steps": 2 * N}))
-    resumed = {**common, "log_dir": str(tmp_path / "resumed")}
-    train_gpt2.main(flags(**{**resumed, "max_steps": N}))
-    first_half = (tmp_path / "resumed" / "log.txt").read_text()
-    train_gpt2.main(flags(**{**resumed, "max_steps": 2 * N, "resume": "auto"}))
-
-    resumed_text = (tmp_path / "resumed" / "log.txt").read_text()
-    assert resumed_text.startswith(first_half)  # appended, never truncated
-    resumed_lines = [ln for ln in resumed_text.splitlines() if ln.split()[1] in measured.KINDS]
-    straight_lines = [ln for ln in (tmp_path / "straight" / "log.txt").read_text().splitlines()
-                      if ln.split()[1] in measured.KINDS]
-    assert resumed_lines == straight_lines  # no step missing, none repeated, the same values (timings aside)
-    a = torch.load(final_checkpoint(tmp_path / "straight"), weights_only=True)
-    b = torch.load(final_checkpoint(tmp_path / "resumed"), weights_only=True)
-    assert a["model"].keys() == b["model"].keys()
-    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
-    for pa, pb in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values()):
-        assert all(torch.equal(pa[k], pb[k]) for k in ("exp_avg", "exp_avg_sq", "step"))
-    assert a["train_loader"] == b["train_loader"] and b["train_loader"]["epoch"] >= 2  # read across epochs
-    assert a["epoch"] == b["epoch"] >= 2
-    assert b["step"] == 2 * N and b["val_loss"] == a["val_loss"]
-    blocks = headers(tmp_path / "resumed")
-    assert len(blocks) == 2  # header.txt appended: one block per start
-    assert blocks[0]["resumed_from"] is None
-    assert Path(blocks[1]["resumed_from"]).name == f"model_{N:05d}.pt"
-
-
-def test_resume_auto_skips_an_unreadable_newest_checkpoint(data, tmp_path):
-    """A truncated newest checkpoint is skipped with a warning; the run continues from the one before it
-    (written mid-run, its step's evaluations not yet logged) and ends where the uninterrupted run ended."""
-    cfg = settings(data, tmp_path, batch_size=2, total_batch_size=64, max_steps=6, eval_interval=3, ckpt_interval=3)
-    run_train(**cfg)
-    assert [p.name for p in run_files.checkpoint_paths(tmp_path)] == ["model_00003.pt", "model_00006.pt"]
-    expected_weights, expected_log = weights(tmp_path / "model_00006.pt"), measured(tmp_path)
-    newest = tmp_path / "model_00006.pt"
-    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
-
-    messages = []
-    metrics = run_train(messages, **{**cfg, "resume": "auto"})
-    warnings = [m for m in messages if m.startswith("warning:")]
-    assert len(warnings) == 1 and "model_00006.pt" in warnings[0], messages
-    assert any(m.startswith("resumed from") and "model_00003.pt" in m and "step 3" in m for m in messages), messages
-    assert metrics["step"] == 6
-    got = weights(tmp_path / "model_00006.pt")
-    assert all(torch.equal(got[k], expected_weights[k]) for k in got)
-    assert measured(tmp_path) == expected_log  # steps 3..6 re-logged with the same values
-
-
-def test_sigterm_saves_a_checkpoint_that_resumes_exactly(data, tmp_path):
-    """SIGTERM during step 1 finishes that step, checkpoints (before step 2's evaluation) and returns;
-    `resume auto` then reproduces the uninterrupted run's log.txt and weights."""
-    cfg = settings(data, tmp_path / "straight", batch_size=2, max_steps=5, eval_interval=2)
-    straight = run_train(**cfg)
-    handler = signal.getsignal(signal.SIGTERM)
-
-    def log(message: str):
-        if message.startswith("step     1/5 | loss"):
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    cut = {**cfg, "log_dir": str(tmp_path / "cut")}
-    stopped = train(TrainConfig(**cut), log=log)
-    assert stopped.get("stopped") is True and stopped["step"] == 2
-    assert signal.getsignal(signal.SIGTERM) == handler  # the previous handler is back
-    assert [p.name for p in run_files.checkpoint_paths(tmp_path / "cut")] == ["model_00002.pt"]
-    assert [s for s, _ in read_log(tmp_path / "cut" / "log.txt")["train"]] == [0, 1]
-    resumed = run_train(**{**cut, "resume": "auto"})
-    assert measured(tmp_path / "cut") == measured(tmp_path / "straight")
-    a, b = weights(straight["checkpoint"]), weights(resumed["checkpoint"])
-    assert all(torch.equal(a[k], b[k]) for k in a)
-
-
-def test_resume_auto_without_checkpoint_starts_fresh(data, tmp_path):
-    messages = []
-    fresh = run_train(**settings(data, tmp_path / "plain"))
-    auto = run_train(messages, **settings(data, tmp_path / "auto", resume="auto"))
-    assert any("starting fresh" in m for m in messages), messages
-    assert not any(m.startswith("resumed from") for m in messages)
-    a, b = weights(fresh["checkpoint"]), weights(auto["checkpoint"])
-    assert all(torch.equal(a[k], b[k]) for k in a)
-    assert measured(tmp_path / "plain") == measured(tmp_path / "auto")
-
-
-def test_resume_of_a_finished_run_changes_nothing(data, tmp_path):
-    """Resuming a run that already reached max_steps trains nothing, logs nothing and keeps the final
-    checkpoint as it was (weights and its val_loss)."""
-    cfg = settings(data, tmp_path, max_steps=4, eval_interval=2)
-    done = run_train(**cfg)
-    before = torch.load(done["checkpoint"], weights_only=True)
-    log_before = (tmp_path / "log.txt").read_text()
-    again = run_train(**{**cfg, "resume": "auto"})
-    after = torch.load(again["checkpoint"], weights_only=True)
-    assert (tmp_path / "log.txt").read_text() == log_before
-    assert all(torch.equal(before["model"][k], after["model"][k]) for k in before["model"])
-    assert after["step"] == 4
-    assert after["val_loss"] == before["val_loss"] == done["val"]
-
-
-def test_resume_with_another_model_shape_is_refused(data, tmp_path):
-    run_train(**settings(data, tmp_path, max_steps=2, eval_interval=0))
-    with pytest.raises(ValueError, match="shape"):
-        run_train(**settings(data, tmp_path, max_steps=4, eval_interval=0, n_embd=64, resume="auto"))
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Log, header and checkpoint formats
-
-
-def test_log_header_and_checkpoint_contents(data, tmp_path):
-    cfg = settings(data, tmp_path, max_steps=5, eval_interval=2, ckpt_interval=2, keep_last=2)
-    metrics = run_train(**cfg)
-
-    lines = (tmp_path / "log.txt").read_text().splitlines()
-    assert lines and all(LOG_LINE.match(line) for line in lines), lines
-    log = read_log(tmp_path / "log.txt")
-    assert set(log) == {"train", "val", "bpb", "lr", "norm", "ms", "tok_per_s", "epoch"}  # no MFU: a CPU has no peak
-    assert [s for s, _ in log["train"]] == [0, 1, 2, 3, 4]
-    assert [s for s, _ in log["val"]] == [0, 2, 4, 5]  # every eval_interval, and at the end
-    assert log["train"][-1][1] == pytest.approx(metrics["train"], abs=1e-6)
-    assert log["val"][-1][1] == pytest.approx(metrics["val"], abs=1e-6)
-    assert log["val"][-1][1] < log["val"][0][1]
-
-    (header,) = headers(tmp_path)
-    assert header["config"] == dataclasses.asdict(TrainConfig(**cfg))
-    assert header["world_size"] == 1 and header["grad_accum_steps"] == 1
-
-    # --keep_last 2: of 2, 4 and the final 5, the newest two remain
-    assert [p.name for p in run_files.checkpoint_paths(tmp_path)] == ["model_00004.pt", "model_00005.pt"]
-    assert Path(metrics["checkpoint"]) == tmp_path / "model_00005.pt"
-    ckpt = torch.load(metrics["checkpoint"], map_location="cpu", weights_only=True)
-    for key in ("model", "optimizer", "model_config", "train_config", "step", "train_loader", "rng", "val_loss"):
-        assert key in ckpt, key
-    assert type(ckpt["model_config"]) is dict and type(ckpt["train_config"]) is dict
-    assert ckpt["model_config"] == dataclasses.asdict(train_gpt2.GPTConfig(**MODEL))
-    assert ckpt["train_config"] == dataclasses.asdict(TrainConfig(**cfg))
-    assert ckpt["step"] == 5 and ckpt["val_loss"] == metrics["val"]
-    assert {s["step"].item() for s in ckpt["optimizer"]["state"].values()} == {5.0}  # after the 5th update
-
-    # the final checkpoint holds the weights after the last update: they reproduce the final val loss,
-    # and they differ from the step-4 weights
-    model, _ = train_gpt2.load_model(metrics["checkpoint"])
-    val_shards = [run_files.open_shard(data / "tmp_val_000000.npy")]
-    val = train_gpt2.evaluate_val_loss(model, val_shards, cfg["val_tokens"], 4, 16, "float32")
-    assert val == pytest.approx(metrics["val"], abs=1e-6)
-    assert max_abs_diff(weights(tmp_path / "model_00004.pt"), ckpt["model"]) > 1e-6
-
-
-def test_zero_val_tokens_never_logs_nan(data, tmp_path):
-    """--val_tokens 0 with evaluation on must be refused, not logged as a NaN val loss."""
-    cfg = settings(data, tmp_path, max_steps=2, eval_interval=1, val_tokens=0)
-    try:
-        metrics = run_train(**cfg)
-    except ValueError as e:
-        assert "val_tokens" in str(e)
-        return
-    assert metrics["val"] is not None and math.isfinite(metrics["val"])
-    assert all(math.isfinite(v) for _, v in read_log(tmp_path / "log.txt")["val"])
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Presets and the command line
-
-
-def test_explicit_flags_override_a_preset():
-    """A preset replaces the defaults; a flag wins over both, wherever it stands on the command line."""
-    shk = parse_train_args(["--max_lr", "1e-3", "--preset", "shakespeare", "--n_layer", "2"])
-    assert shk.max_lr == 1e-3 and shk.n_layer == 2
-    assert (shk.n_embd, shk.vocab_size, shk.data_root, shk.device) == (128, 50257, "data/shakespeare", "auto")
-    for name, preset in train_gpt2.PRESETS.items():
-        cfg = parse_train_args(["--preset", name])
-        assert cfg == TrainConfig(**preset)
-        assert parse_train_args(["--preset", name, "--max_steps", "5"]) == dataclasses.replace(cfg, max_steps=5)
-
-
-def test_every_field_is_a_flag_typed_by_its_default_and_documented(capsys):
-    """The whole flag mechanism: a TrainConfig field is a flag of its name, its type its default's, its help the
-    comment on its line; a field of another type is refused with the reason."""
-    with pytest.raises(SystemExit):
-        parse_train_args(["-h"])
-    usage = capsys.readouterr().out
-    for f in dataclasses.fields(TrainConfig):
-        assert f"--{f.name}" in usage and type(f.default) in (bool, int, float, str), f.name
-    assert "micro-batch B: sequences per forward pass per process" in usage  # batch_size's comment
-    assert parse_train_args(["--max_lr", "3e-4", "--shuffle", "yes", "--seed", "7"]).max_lr == 3e-4
-    with pytest.raises(SystemExit):
-        parse_train_args(["--seed", "7.5"])  # an int flag takes ints only
-    assert "invalid int value: '7.5'" in capsys.readouterr().err
-
-
-def test_a_field_without_a_flag_type_is_refused(monkeypatch):
-    @dataclasses.dataclass
-    class WithTuple(TrainConfig):
-        betas: tuple = (0.9, 0.95)  # the two betas at once
-
-    monkeypatch.setattr(train_gpt2, "TrainConfig", WithTuple)
-    with pytest.raises(TypeError, match=r"TrainConfig.betas: default \(0.9, 0.95\) has no flag type"):
-        parse_train_args([])
-
-
-@pytest.mark.parametrize("text, value", [("true", True), ("false", False), ("1", True), ("0", False)])
-def test_booleans_take_a_value(text, value):
-    assert parse_train_args(["--overfit_batch", text]).overfit_batch is value
-    assert parse_train_args(["--shuffle", text]).shuffle is value
-
-
-def test_lr_decay_steps_zero_means_max_steps():
-    assert parse_train_args([]).lr_decay_steps == 0
-    assert parse_train_args(["--lr_decay_steps", "40"]).lr_decay_steps == 40
-
-
-# Each case: argv (data paths filled in by the test), expected exit status, a phrase of the message.
-CLI_ERRORS = {
-    "unknown flag": (["--bogus", "1"], 2, "unrecognized arguments"),
-    "bool without value": (["--overfit_batch"], 2, "expected one argument"),
-    "bool not a bool": (["--overfit_batch", "maybe"], 2, "true or false"),
-    "bad preset": (["--preset", "gpt3"], 2, "invalid choice"),
-    "not divisible": (["--total_batch_size", "100"], 2, "divisible"),
-    "seq_len > block_size": (["--seq_len", "64"], 2, "exceeds --block_size"),
-    "zero batch": (["--batch_size", "0"], 2, "--batch_size must be positive"),
-    "negative steps": (["--max_steps", "-3"], 2, "--max_steps must be positive"),
-    "negative decay steps": (["--lr_decay_steps", "-1"], 2, "--lr_decay_steps must be >= 0"),
-    "missing data": (["--data_root", "{missing}"], 1, "fineweb.py"),
-    "vocab too small": (["--vocab_size", "50"], 1, "vocab_size"),
-    "val split too short": (["--val_tokens", "8192"], 1, "val_tokens"),
-    "missing resume file": (["--resume", "{missing}/model_00001.pt"], 1, "does not exist"),
-}
-
-
-def cli_case(name: str, data: Path, tmp_path: Path) -> list[str]:
-    argv, _, _ = CLI_ERRORS[name]
-    base = flags(**settings(data, tmp_path / "log", max_steps=2))
-    return base + [a.replace("{missing}", str(tmp_path / "missing")) for a in argv]
-
-
-def one_line_message(code, stderr: str) -> str:
-    """What the user reads last: sys.exit's message, or argparse's final `prog: error: ...` line."""
-    if isinstance(code, str):
-        return code
-    return stderr.strip().splitlines()[-1]
-
-
-@pytest.mark.parametrize("name", list(CLI_ERRORS))
-def test_cli_errors_in_process(name, data, tmp_path, capsys):
-    """main() turns each mistake into SystemExit with a one-line message (no other exception escapes)."""
-    _, status, phrase = CLI_ERRORS[name]
-    with pytest.raises(SystemExit) as exc:
-        train_gpt2.main(cli_case(name, data, tmp_path))
-    code = exc.value.code
-    assert code not in (0, None)
-    assert (1 if isinstance(code, str) else code) == status
-    message = one_line_message(code, capsys.readouterr().err)
-    assert "error" in message and phrase in message and "\n" not in message
-
-
-def test_help_lists_every_flag(capsys):
-    with pytest.raises(SystemExit) as exc:
-        train_gpt2.main(["-h"])
-    assert exc.value.code == 0
-    out = capsys.readouterr().out
-    assert "--preset" in out
-    assert all(f"--{f.name}" in out for f in dataclasses.fields(TrainConfig))
-
-
-@pytest.mark.slow
-def test_cli_errors_as_processes(data, tmp_path):
-    """The real script, one case of each kind (argparse, config validation, a failure inside the run):
-    the exit status, no traceback, the message as the last line of stderr; and `-h` exits 0. The cases run
-    at once (each is mostly interpreter and torch start-up); the in-process test above covers them all."""
-    script = [sys.executable, "train_gpt2.py"]
-    cases = {name: cli_case(name, data, tmp_path / name.replace(" ", "_"))
-             for name in ("unknown flag", "not divisible", "missing data")}
-    cases["-h"] = ["-h"]
-    procs = {name: subprocess.Popen(script + argv, cwd=ROOT, env=child_env(), stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True) for name, argv in cases.items()}
-    results = {name: (p.communicate(timeout=540), p.returncode) for name, p in procs.items()}
-    (out, err), rc = results.pop("-h")
-    assert rc == 0 and "--preset" in out and not err
-    for name, ((out, err), rc) in results.items():
-        _, status, phrase = CLI_ERRORS[name]
-        assert rc == status, (name, rc, err[-2000:])
-        assert "Traceback" not in err, (name, err[-2000:])
-        last = err.strip().splitlines()[-1]
-        assert "error" in last and phrase in last, (name, last)
-
-
-@pytest.mark.slow
-def test_shakespeare_preset_val_loss_falls(tmp_path):
-    """fineweb.py --local input.txt, then --preset shakespeare (the GPT-2 vocabulary, a 4-layer model),
-    shortened: the val loss falls well below its start (~ln 50257 = 10.8)."""
-    data = tmp_path / "shakespeare"
-    prep = launcher.run([sys.executable, "fineweb.py", "--local", "input.txt", "--out_dir", str(data), "--workers", "1",
-                         "--no_progress"], cwd=ROOT, env=child_env(), timeout=300)
-    assert prep.returncode == 0, prep.stderr[-2000:]
-    argv = ["--preset", "shakespeare", *flags(data_root=data, log_dir=tmp_path / "log", max_steps=30, eval_interval=10,
-                                             val_tokens=2048, batch_size=4, seq_len=64, total_batch_size=256,
-                                             warmup_steps=5, sample_interval=0, compile="false")]
-    cfg = parse_train_args(argv)
-    assert (cfg.n_layer, cfg.n_embd, cfg.vocab_size, cfg.max_lr, cfg.hellaswag_interval) == (4, 128, 50257, 3e-3, 0)
-    train_gpt2.main(argv)
-    val = read_log(tmp_path / "log" / "log.txt")["val"]
-    assert [s for s, _ in val] == [0, 10, 20, 30]
-    assert val[0][1] > 10.0
-    assert val[-1][1] < val[0][1] - 2.5, val
-    assert headers(tmp_path / "log")[0]["config"]["n_layer"] == 4
-
-
-def test_wandb_is_imported_only_when_asked_and_runs_disabled(data, tmp_path, monkeypatch):
-    """--wandb_project works with WANDB_MODE=disabled (offline machines, CI); without it wandb is never imported."""
-    import sys
-
-    monkeypatch.setenv("WANDB_MODE", "disabled")
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def train(data_root, log_dir, **overrides):
+    lines = []
+    result = train_gpt2.train(tiny_config(data_root, log_dir, **overrides), log=lines.append)
+    return result, lines
+
+
+def checkpoint(log_dir, step):
+    return torch.load(Path(log_dir) / f"model_{step:05d}.pt", weights_only=True)
+
+
+def assert_same_state(a, b):
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+    for opt_a, opt_b in zip(a["optimizers"], b["optimizers"]):
+        for i, state in opt_a["state"].items():
+            for name, value in state.items():
+                assert torch.equal(value, opt_b["state"][i][name]), (i, name)
+    assert a["loader"] == b["loader"] and a["step"] == b["step"]
+    assert torch.equal(a["rng"]["cpu"], b["rng"]["cpu"])
+
+
+def test_overfitting_one_batch_drives_the_loss_to_zero(char_corpus, tmp_path):
+    overrides = dict(overfit_batch=True, max_steps=100, max_lr=1e-2, warmup_steps=10)
+    train(char_corpus, tmp_path, eval_interval=0, ckpt_interval=0, **overrides)
+    losses = read_log(tmp_path)["train"]
+    assert losses[99] < 0.05 * losses[0]
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(),
+        dict(shuffle=True, dropout=0.1),
+        dict(optimizer="muon", shuffle=True),
+    ],
+    ids=["in-order", "shuffled-dropout", "muon"],
+)
+def test_a_resume_from_any_checkpoint_is_bit_exact(small_corpus, tmp_path, overrides):
+    # 24 steps cross the small corpus's epoch boundary (17 steps an epoch)
+    straight = tmp_path / "straight"
+    train(small_corpus, straight, max_steps=24, ckpt_interval=8, **overrides)
+    for step in (8, 16):
+        resumed = tmp_path / f"from_{step}"
+        source = straight / f"model_{step:05d}.pt"
+        train(small_corpus, resumed, max_steps=24, ckpt_interval=8, resume=source, **overrides)
+        assert_same_state(checkpoint(straight, 24), checkpoint(resumed, 24))
+        mine = read_log(resumed)
+        theirs = read_log(straight)
+        for kind in ("train", "val", "norm", "lr"):
+            assert {s: v for s, v in theirs[kind].items() if s >= step} == mine[kind], kind
+    assert checkpoint(straight, 24)["loader"]["epoch"] == 1
+
+
+def test_resume_auto_takes_the_newest_whole_checkpoint(small_corpus, tmp_path):
+    straight = tmp_path / "straight"
+    train(small_corpus, straight, max_steps=12, ckpt_interval=4)
+    run = tmp_path / "run"
+    train(small_corpus, run, max_steps=12, ckpt_interval=4)
+    (run / "model_00012.pt").unlink()
+    # model_00008.pt torn by a kill, model_00004.pt with one flipped bit
+    data = bytearray((run / "model_00004.pt").read_bytes())
+    data[len(data) // 2] ^= 0x10
+    (run / "model_00004.pt").write_bytes(bytes(data))
+    torn = (run / "model_00008.pt").read_bytes()
+    (run / "model_00008.pt").write_bytes(torn[: len(torn) // 2])
+    assert not train_gpt2.is_whole(run / "model_00004.pt")
+    result, lines = train(small_corpus, run, max_steps=12, ckpt_interval=4, resume="auto")
+    warnings = [line for line in lines if line.startswith("warning: skipping")]
+    assert len(warnings) == 2 and "model_00008.pt" in warnings[0]
+    assert "resumed" not in " ".join(lines)  # nothing whole left: a new run from step 0
+    assert_same_state(checkpoint(straight, 12), checkpoint(run, 12))
+
+
+def test_a_resume_applies_this_runs_optimizer_settings(small_corpus, tmp_path):
+    train(small_corpus, tmp_path, max_steps=12, ckpt_interval=6)
+    (tmp_path / "model_00012.pt").unlink()
+    settings = dict(weight_decay=0.3, beta2=0.9, max_lr=1e-3, grad_clip=0.5)
+    train(small_corpus, tmp_path, max_steps=12, ckpt_interval=6, resume="auto", **settings)
+    groups = checkpoint(tmp_path, 12)["optimizers"][0]["param_groups"]
+    assert groups[0]["weight_decay"] == 0.3 and groups[1]["weight_decay"] == 0.0
+    assert groups[0]["betas"] == (0.9, 0.9)
+    lr = read_log(tmp_path)["lr"]
+    assert lr[11] == pytest.approx(train_gpt2.get_lr(11, 1e-3, 1e-4, 3, 12), rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(batch_size=2, total_batch_size=64), "--batch_size was 4"),
+        (dict(shuffle=True), "--shuffle was False"),
+        (dict(n_embd=64), "its model is"),
+        (dict(max_steps=5), "past --max_steps"),
+    ],
+)
+def test_a_resume_that_would_not_continue_the_run_is_refused(
+    small_corpus, tmp_path, change, message
+):
+    train(small_corpus, tmp_path / "a", max_steps=6)
+    source = tmp_path / "a" / "model_00006.pt"
+    with pytest.raises(ValueError, match=message):
+        train(small_corpus, tmp_path / "b", resume=source, **{"max_steps": 12, **change})
+
+
+def test_a_resume_onto_other_data_is_refused(small_corpus, char_corpus, tmp_path):
+    train(small_corpus, tmp_path / "a", max_steps=6)
+    source = tmp_path / "a" / "model_00006.pt"
+    with pytest.raises(ValueError, match="resume: "):
+        train(char_corpus, tmp_path / "b", max_steps=12, resume=source)
+
+
+def test_a_run_never_writes_over_later_checkpoints(small_corpus, tmp_path):
+    train(small_corpus, tmp_path, max_steps=12, ckpt_interval=4)
+    with pytest.raises(ValueError, match="later than this run's start"):
+        train(small_corpus, tmp_path, max_steps=12)
+    with pytest.raises(ValueError, match="--resume auto"):
+        train(small_corpus, tmp_path, max_steps=12, resume=tmp_path / "model_00004.pt")
+    # the same checkpoint into a new log_dir branches off cleanly, the old one untouched
+    train(small_corpus, tmp_path / "branch", resume=tmp_path / "model_00004.pt", max_steps=12)
+    assert [s for s, _ in train_gpt2.find_checkpoints(tmp_path)] == [4, 8, 12]
+
+
+def test_keep_last_prunes_only_this_log_dirs_older_checkpoints(small_corpus, tmp_path):
+    train(small_corpus, tmp_path / "a", max_steps=4, ckpt_interval=2)
+    source = tmp_path / "a" / "model_00002.pt"
+    train(small_corpus, tmp_path / "b", max_steps=12, ckpt_interval=2, keep_last=2, resume=source)
+    assert [s for s, _ in train_gpt2.find_checkpoints(tmp_path / "b")] == [10, 12]
+    assert source.exists()
+
+
+def poisoned_forward(monkeypatch, step_of_call, factor):
+    # multiply the loss of one training forward (the call-th with gradients) by `factor`
+    calls = {"n": 0}
+    original = train_gpt2.GPT.forward
+
+    def forward(self, idx, targets=None, kv_cache=None):
+        logits, loss = original(self, idx, targets, kv_cache)
+        if torch.is_grad_enabled() and targets is not None:
+            calls["n"] += 1
+            if calls["n"] == step_of_call:
+                loss = loss * factor
+        return logits, loss
+
+    monkeypatch.setattr(train_gpt2.GPT, "forward", forward)
+
+
+def test_a_non_finite_loss_stops_the_run_or_is_skipped(small_corpus, tmp_path, monkeypatch):
+    # micro-step 11 is step 5's second
+    poisoned_forward(monkeypatch, 11, math.nan)
+    with pytest.raises(ValueError, match="non-finite loss nan .* at step 5"):
+        train(small_corpus, tmp_path / "a", max_steps=8)
+    poisoned_forward(monkeypatch, 11, math.nan)
+    train(small_corpus, tmp_path / "b", max_steps=8, skip_nonfinite=True)
+    log = read_log(tmp_path / "b")
+    assert math.isnan(log["train"][5]) and all(math.isfinite(log["train"][s]) for s in (6, 7))
+
+
+def test_the_spike_guard_skips_an_outlying_update(small_corpus, tmp_path, monkeypatch):
+    clean = tmp_path / "clean"
+    train(small_corpus, clean, max_steps=24, ckpt_interval=20, skip_spikes=4.0)
+    # each step's z-score is logged once 16 updates are known; none of them is a spike
+    z_clean = read_log(clean)["spike"]
+    assert min(z_clean) == 16 and max(z_clean.values()) < 4.0
+    poisoned_forward(monkeypatch, 2 * 20 + 1, 1e4)  # step 20
+    spiked = tmp_path / "spiked"
+    train(small_corpus, spiked, max_steps=24, ckpt_interval=21, skip_spikes=4.0)
+    z = read_log(spiked)["spike"]
+    assert [s for s, value in z.items() if value > 4.0] == [20]
+    # step 20's update was skipped: after it, the weights are those from before it
+    before = checkpoint(clean, 20)["model"]
+    after = checkpoint(spiked, 21)["model"]
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_bits_per_byte_match_an_independent_count(small_corpus, tmp_path):
+    train(small_corpus, tmp_path, max_steps=6)
+    log = read_log(tmp_path)
+    manifest = json.loads((small_corpus / "manifest.json").read_text())
+    enc = fineweb.tokenizer_from_manifest(manifest)
+    val = [s for s in manifest["shards"] if s["split"] == "val"][0]
+    tokens = torch.from_numpy(train_gpt2.np.load(small_corpus / val["file"]).astype("int64"))
+    # the targets of val_tokens (128) from the start of the val split, as UTF-8
+    text_bytes = len(enc.decode(tokens[1:129].tolist()).encode("utf-8"))
+    assert log["bpb"][6] == pytest.approx(log["val"][6] * 128 / (math.log(2) * text_bytes))
+
+
+def test_the_run_records_itself_and_draws_its_curves(small_corpus, tmp_path):
+    train(small_corpus, tmp_path, max_steps=6, ckpt_interval=3)
+    (tmp_path / "model_00006.pt").unlink()
+    train(small_corpus, tmp_path, max_steps=6, ckpt_interval=3, resume="auto")
+    runs = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in runs] == [0, 3]
+    assert runs[1]["resumed_from"].endswith("model_00003.pt")
+    assert runs[0]["config"]["max_steps"] == 6 and runs[0]["data"]["dataset"] == "local"
+    assert (tmp_path / "curves.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_samples_are_printed_from_the_prompt(small_corpus, tmp_path):
+    _, lines = train(small_corpus, tmp_path, max_steps=2, sample_interval=2, sample_prompt="Do")
+    samples = [line for line in lines if line.startswith("sample ")]
+    assert len(samples) == 8 and all(line.split(": ", 1)[1].startswith("Do") for line in samples)
+
+
+def test_init_from_a_checkpoint_starts_a_new_run_from_its_weights(small_corpus, tmp_path):
+    train(small_corpus, tmp_path / "a", max_steps=6)
+    source = tmp_path / "a" / "model_00006.pt"
+    result, lines = train(small_corpus, tmp_path / "b", max_steps=3, init_from=source)
+    assert read_log(tmp_path / "b")["val"][0] == pytest.approx(read_log(tmp_path / "a")["val"][6])
+    assert checkpoint(tmp_path / "b", 3)["step"] == 3
+
+
+def test_wandb_gets_every_metric_and_a_resume_continues_its_run(
+    small_corpus, tmp_path, monkeypatch
+):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
-    sys.modules.pop("wandb", None)
-    run_train(**settings(data, tmp_path / "plain", max_steps=1))
-    assert "wandb" not in sys.modules
-    metrics = run_train(**settings(data, tmp_path / "wb", max_steps=2, wandb_project="gpt2-test"))
-    assert "wandb" in sys.modules and metrics["step"] == 2
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run = tmp_path / "run"
+    train(small_corpus, run, max_steps=6, ckpt_interval=3, wandb_project="test")
+    wandb_id = checkpoint(run, 6)["wandb_id"]
+    (run / "model_00006.pt").unlink()
+    train(small_corpus, run, max_steps=6, ckpt_interval=3, wandb_project="test", resume="auto")
+    assert checkpoint(run, 6)["wandb_id"] == wandb_id
+    offline = sorted((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(offline) == 2 and all(d.name.endswith(wandb_id) for d in offline)
 
 
-# ----------------------------------------------------------------------------------------------------------
-# Muon
+# ---------------------------------------------------------------------------------------------
+# Real processes: stop signals, kills, DDP, the command line
 
 
-def test_muon_takes_the_blocks_matrices_and_resumes_bit_identically(small_data, tmp_path):
-    """--optimizer muon: Muon updates the blocks' 2-D weights (its own peak LR, the shared schedule), AdamW the
-    embeddings, head, biases and gains; 2N steps straight == N steps + --resume auto to 2N, both optimizers' states
-    included. A checkpoint of one optimizer is refused by the other."""
-    N = 3
-    common = settings(small_data, tmp_path / "straight", batch_size=2, total_batch_size=64, warmup_steps=1,
-                      eval_interval=0, lr_decay_steps=2 * N, optimizer="muon", muon_lr=0.02)
-    straight = run_train(**{**common, "max_steps": 2 * N})
-    resumed = {**common, "log_dir": str(tmp_path / "resumed")}
-    run_train(**{**resumed, "max_steps": N})
-    run_train(**{**resumed, "max_steps": 2 * N, "resume": "auto"})
-    a, b = torch.load(straight["checkpoint"], weights_only=True), torch.load(final_checkpoint(tmp_path / "resumed"),
-                                                                            weights_only=True)
-    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
-    for key in ("optimizer", "muon"):
-        for pa, pb in zip(a[key]["state"].values(), b[key]["state"].values()):
-            assert all(torch.equal(pa[k], pb[k]) for k in pa)
-    model = train_gpt2.GPT(train_gpt2.GPTConfig(**MODEL))
-    adamw, muon = model.configure_optimizers(0.1, 3e-3, "cpu", muon_lr=0.02)
-    in_muon = {id(p) for g in muon.param_groups for p in g["params"]}
-    names = {name for name, p in model.named_parameters() if id(p) in in_muon}
-    assert names == {n for n, p in model.named_parameters() if n.startswith("transformer.h.") and p.dim() == 2}
-    assert muon.param_groups[0]["lr_scale"] == pytest.approx(0.02 / 3e-3)
-    assert len(a["muon"]["state"]) == len(names) and len(a["optimizer"]["state"]) == len(list(model.parameters())) - len(names)
-    lr_used = a["muon"]["param_groups"][0]["lr"]  # the last step's: the schedule's value scaled to Muon's peak
-    assert lr_used == pytest.approx(get_lr(2 * N - 1, 0.02, 0.002, 1, 2 * N), rel=1e-9)
-    with pytest.raises(ValueError, match="was trained with --optimizer muon, this run asks adamw"):
-        run_train(**{**resumed, "max_steps": 3 * N, "resume": "auto", "optimizer": "adamw"})
+def start(args, **popen):
+    # the output goes to files: a pipe nobody reads would fill and stop the run
+    command = [sys.executable, str(ROOT / "train_gpt2.py")] + [str(a) for a in args]
+    out = tempfile.TemporaryFile("w+")
+    err = tempfile.TemporaryFile("w+")
+    proc = subprocess.Popen(command, cwd=ROOT, env=child_env(), stdout=out, stderr=err, **popen)
+    proc.output = (out, err)
+    return proc
+
+
+def finish(proc, timeout=60):
+    # (return code, stdout, stderr) once it has exited
+    proc.wait(timeout=timeout)
+    texts = []
+    for f in proc.output:
+        f.seek(0)
+        texts.append(f.read())
+    return proc.returncode, texts[0], texts[1]
+
+
+def wait_for(condition, proc, timeout=120):
+    deadline = time.time() + timeout
+    while not condition():
+        assert proc.poll() is None, finish(proc)
+        if time.time() > deadline:
+            proc.kill()
+            raise AssertionError(f"timed out: {finish(proc)}")
+        time.sleep(0.05)
+
+
+def train_steps(log_dir):
+    path = Path(log_dir) / "log.txt"
+    return path.read_text().count(" train ") if path.exists() else 0
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGINT-group"])
+def test_a_stop_signal_ends_the_run_with_a_checkpoint_and_exit_0(char_corpus, tmp_path, sig):
+    group = sig.endswith("-group")
+    signum = getattr(signal, sig.removesuffix("-group"))
+    args = tiny_flags(char_corpus, tmp_path, max_steps=10**5, ckpt_interval=0)
+    proc = start(args, start_new_session=group)
+    wait_for(lambda: train_steps(tmp_path) >= 3, proc)
+    # sent twice: a second request changes nothing; Ctrl-C reaches the whole process group
+    for _ in range(2):
+        if group:
+            os.killpg(proc.pid, signum)
+        else:
+            proc.send_signal(signum)
+    returncode, out, err = finish(proc)
+    assert returncode == 0, err
+    assert "Traceback" not in err
+    steps = read_log(tmp_path)["train"]
+    last = max(steps)
+    assert [s for s, _ in train_gpt2.find_checkpoints(tmp_path)] == [last + 1]
+    assert f"stopped at step {last + 1}" in out
+    assert "to continue: " in out and "--resume auto" in out
+
+
+def test_the_printed_command_continues_the_run(char_corpus, tmp_path):
+    log_dir = tmp_path / "a log dir with 'quotes' and spaces"
+    args = tiny_flags(char_corpus, log_dir, max_steps=10**5)
+    proc = start(args)
+    wait_for(lambda: train_steps(log_dir) >= 3, proc)
+    proc.send_signal(signal.SIGTERM)
+    _, out, _ = finish(proc)
+    command = shlex.split(out.split("to continue: ")[1].splitlines()[0])
+    assert command[2:] == args + ["--resume", "auto"]
+    stopped_at = train_gpt2.find_checkpoints(log_dir)[-1][0]
+    again = start(command[2:])
+    wait_for(lambda: len((log_dir / "runs.jsonl").read_text().splitlines()) == 2, again)
+    wait_for(lambda: max(read_log(log_dir)["train"]) > stopped_at + 2, again)
+    again.send_signal(signal.SIGTERM)
+    assert finish(again)[0] == 0
+    assert train_gpt2.find_checkpoints(log_dir)[-1][0] > stopped_at
+
+
+def test_stop_requests_at_any_moment_leave_a_whole_checkpoint(small_corpus, tmp_path):
+    # signals every 0.3 s from the start (torch's import, set-up, steps, the final save and
+    # after it): every run exits 0, and what it leaves resumes
+    for i, delay in enumerate([0.5, 1.5, 3.0, 4.5]):
+        log_dir = tmp_path / str(i)
+        proc = start(tiny_flags(small_corpus, log_dir, max_steps=40, ckpt_interval=5))
+        time.sleep(delay)
+        while proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(0.3)
+        returncode, _, err = finish(proc)
+        assert returncode == 0, err
+        assert "Traceback" not in err
+        for _, path in train_gpt2.find_checkpoints(log_dir):
+            assert train_gpt2.is_whole(path)
+
+
+def test_kill_9_resumes_from_the_last_whole_checkpoint(small_corpus, tmp_path):
+    straight = tmp_path / "straight"
+    train(small_corpus, straight, max_steps=40, ckpt_interval=4)
+    killed = tmp_path / "killed"
+    proc = start(tiny_flags(small_corpus, killed, max_steps=40, ckpt_interval=4))
+    wait_for(lambda: (killed / "model_00012.pt").exists(), proc)
+    proc.kill()
+    proc.wait()
+    assert not (killed / "model_00040.pt").exists(), "finished before the kill"
+    proc = run_program(
+        "train_gpt2.py",
+        tiny_flags(small_corpus, killed, max_steps=40, ckpt_interval=4, resume="auto"),
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert_same_state(checkpoint(straight, 40), checkpoint(killed, 40))
+
+
+@pytest.mark.slow
+def test_ddp_over_two_ranks_equals_one_process_and_resumes_bit_exactly(small_corpus, tmp_path):
+    one = tmp_path / "one"
+    train(small_corpus, one, max_steps=12, ckpt_interval=6)
+
+    def torchrun(log_dir, **overrides):
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        command += ["--nproc_per_node=2", str(ROOT / "train_gpt2.py")]
+        command += tiny_flags(small_corpus, log_dir, max_steps=12, ckpt_interval=6, **overrides)
+        proc = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+
+    two = tmp_path / "two"
+    torchrun(two)
+    mine = read_log(two)
+    theirs = read_log(one)
+    for kind in ("train", "val", "norm"):
+        for step, value in theirs[kind].items():
+            assert mine[kind][step] == pytest.approx(value, rel=1e-5, abs=1e-6), (kind, step)
+    resumed = tmp_path / "resumed"
+    torchrun(resumed, resume=two / "model_00006.pt")
+    assert_same_state(checkpoint(two, 12), checkpoint(resumed, 12))
+
+
+BAD_INPUTS = [
+    (["--nope", "1"], "unrecognized arguments"),
+    (["--max_lr", "nan"], "finite"),
+    (["--n_embd", "30", "--n_head", "4"], "multiple of --n_head"),
+    (["--shuffle", "maybe"], "--shuffle"),
+    (["--device", "tpu"], "--device"),
+    (["--device", "cuda"], "no CUDA"),
+    (["--data_root", "no/such/dir"], "fineweb.py"),
+    (["--resume", "no/such/model.pt"], "missing or damaged"),
+    (["--val_tokens", "1280000"], "val split"),
+    (["--total_batch_size", "96"], "multiple of --batch_size x --seq_len"),
+    (["--init_from", "no/such/model.pt"], "missing or damaged"),
+]
+
+
+@pytest.mark.parametrize("args, message", BAD_INPUTS, ids=[" ".join(a) for a, _ in BAD_INPUTS])
+def test_bad_input_is_one_line_that_says_what_is_wrong(char_corpus, tmp_path, args, message):
+    proc = run_program("train_gpt2.py", tiny_flags(char_corpus, tmp_path) + args)
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("train_gpt2.py: error:"), proc.stderr
+    assert message in lines[0]
+
+
+def test_a_missing_hellaswag_file_is_one_line(gpt2_corpus, tmp_path):
+    args = ["--hellaswag_interval", "5", "--hellaswag_data", "no/such.jsonl"]
+    proc = run_program("train_gpt2.py", tiny_flags(gpt2_corpus, tmp_path) + args)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode != 0 and len(lines) == 1 and "no/such.jsonl" in lines[0], proc.stderr
+
+
+def test_bad_checkpoints_and_a_busy_log_dir_are_one_line(char_corpus, tmp_path):
+    import fcntl
+
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"weights": torch.zeros(3)}, foreign)
+    text = tmp_path / "text.pt"
+    text.write_text("not a checkpoint")
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    lock = open(busy / ".lock", "a")
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    cases = [
+        (["--resume", foreign], "not a train_gpt2.py checkpoint"),
+        (["--resume", text], "missing or damaged"),
+        (["--log_dir", busy], "in use by another run"),
+    ]
+    for args, message in cases:
+        proc = run_program("train_gpt2.py", tiny_flags(char_corpus, tmp_path / "log") + args)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode != 0 and len(lines) == 1 and message in lines[0], proc.stderr
+    lock.close()
+
+
+def test_help_lists_every_flag_and_says_what_auto_means_here():
+    proc = run_program("train_gpt2.py", ["--help"])
+    assert proc.returncode == 0
+    for field in train_gpt2.dataclasses.fields(train_gpt2.TrainConfig):
+        assert f"--{field.name}" in proc.stdout
+    assert "On this machine: no CUDA GPU" in " ".join(proc.stdout.split())
+
+
+@pytest.mark.parametrize("preset", sorted(train_gpt2.PRESETS))
+def test_every_preset_is_a_valid_run(preset):
+    cfg = train_gpt2.parse_args(["--preset", preset, "--max_steps", "7"])
+    assert cfg.max_steps == 7 and cfg.total_batch_size % (cfg.batch_size * cfg.seq_len) == 0
+
+
+@pytest.mark.slow
+def test_a_compiled_run_trains_as_the_eager_one(small_corpus, tmp_path):
+    train(small_corpus, tmp_path / "eager", max_steps=4)
+    train(small_corpus, tmp_path / "compiled", max_steps=4, compile="true")
+    eager = read_log(tmp_path / "eager")
+    compiled = read_log(tmp_path / "compiled")
+    for kind in ("train", "val"):
+        for step, value in eager[kind].items():
+            assert compiled[kind][step] == pytest.approx(value, abs=1e-4), (kind, step)
