@@ -49,6 +49,7 @@ if __name__ == "__main__":
 
 import torch  # noqa: E402
 
+from hellaswag import pick_device  # noqa: E402
 from train_gpt2 import GPT, GPTConfig  # noqa: E402
 
 # Dense bf16 peak FLOP/s of one GPU (vendors' datasheets), MFU's
@@ -117,18 +118,6 @@ PRESETS = {
 
 # -----------------------------------------------------------------------------
 # helpers
-
-
-def pick_device(name):
-    # the device --device names, or a ValueError why not
-    if name == "auto":
-        mps = torch.backends.mps.is_available()
-        name = "cuda" if torch.cuda.is_available() else "mps" if mps else "cpu"
-    try:
-        torch.empty(0, device=name)
-    except (RuntimeError, AssertionError) as e:
-        raise ValueError(f"--device {name}: not usable here ({e})") from None
-    return name
 
 
 def synchronize(device):

@@ -34,9 +34,9 @@ if __name__ == "__main__":
         if signal.getsignal(sig) != signal.SIG_IGN:
             signal.signal(sig, stop)
 
-import torch
 
 import train_gpt2
+from hellaswag import pick_device
 
 
 def parse_args(argv):
@@ -69,18 +69,6 @@ def parse_args(argv):
     if not args.init_from:
         p.error("--init_from is empty")
     return args
-
-
-def pick_device(name):
-    # the device --device names, or a ValueError why not
-    if name == "auto":
-        mps = torch.backends.mps.is_available()
-        name = "cuda" if torch.cuda.is_available() else "mps" if mps else "cpu"
-    try:
-        torch.empty(0, device=name)
-    except (RuntimeError, AssertionError) as e:
-        raise ValueError(f"--device {name}: not usable here ({e})") from None
-    return name
 
 
 def load(source, device):

@@ -470,7 +470,7 @@ class DataLoaderLite:
         self.epoch = 0
         self.pos = 0  # windows of this epoch the world has read
 
-    @functools.lru_cache(maxsize=2)
+    @functools.lru_cache(maxsize=4)  # this epoch and the next, of the train and val loaders
     def order(self, epoch):
         # (shard, start) of each window of `epoch` in the order the world reads them
         if not self.shuffle:
@@ -969,9 +969,9 @@ def run(cfg, stop, ddp, rank, world_size, device, log):
         loss_accum = torch.zeros((), device=device)
         for micro_step in range(grad_accum_steps):
             x, y = fixed_batch if cfg.overfit_batch else train_loader.next_batch()
-            # DDP all-reduces the gradients only after the last micro-step's backward (a plain
-            # model ignores the flag)
-            model.require_backward_grad_sync = micro_step == grad_accum_steps - 1
+            if ddp:
+                # all-reduce the gradients only after the last micro-step's backward
+                model.require_backward_grad_sync = micro_step == grad_accum_steps - 1
             with torch.autocast(device_type, amp, enabled=amp is not None):
                 logits, loss = model(x, y)
             # The loss is a mean over B x T tokens; divided by the micro-steps, the summed
@@ -1032,7 +1032,7 @@ def run(cfg, stop, ddp, rank, world_size, device, log):
 # Command line
 
 
-def str2bool(text):
+def true_or_false(text):
     # a bool flag takes true or false (anything else: argparse's one-line error)
     return ["false", "true"].index(text.lower()) == 1
 
@@ -1057,7 +1057,7 @@ def parse_args(argv):
     )
     parser.add_argument("--preset", choices=sorted(PRESETS), help="a recipe; flags override it")
     for name, default in defaults.items():
-        kind = str2bool if isinstance(default, bool) else type(default)
+        kind = true_or_false if isinstance(default, bool) else type(default)
         parser.add_argument(f"--{name}", type=kind, default=default, help=helps[name])
     args = vars(parser.parse_args(argv))
     args.pop("preset")

@@ -681,7 +681,6 @@ def make_checkpoint(path, tokenizer="gpt2"):
     return path
 
 
-@pytest.mark.skip(reason="until train_gpt2 rewrite lands")
 def test_cli_on_a_checkpoint_prints_evaluate_s_result(tmp_path, examples):
     import train_gpt2
 
@@ -700,7 +699,6 @@ def test_cli_on_a_checkpoint_prints_evaluate_s_result(tmp_path, examples):
     assert proc.stdout == line
 
 
-@pytest.mark.skip(reason="until train_gpt2 rewrite lands")
 def test_cli_refuses_a_model_of_another_tokenizer(tmp_path, examples):
     ckpt = make_checkpoint(tmp_path / "char.pt", tokenizer="char")
     data = tmp_path / "val.jsonl"

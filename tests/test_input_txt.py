@@ -11,7 +11,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def build():
-    spec = importlib.util.spec_from_file_location("build_input_txt", ROOT / "scripts" / "build_input_txt.py")
+    spec = importlib.util.spec_from_file_location(
+        "build_input_txt", ROOT / "scripts" / "build_input_txt.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)  # defines things only; main() is not run
     return module
@@ -26,7 +28,9 @@ def test_input_txt_is_about_a_megabyte_of_clean_plays(build):
     plays = text.split(build.PLAY_SEPARATOR)
     assert len(plays) == 8
     assert all(p.splitlines()[2] == "by William Shakespeare" for p in plays)
-    assert all("\n\n\n" not in p.rstrip("\n") for p in plays)  # inside a play at most one blank line
+    assert all(
+        "\n\n\n" not in p.rstrip("\n") for p in plays
+    )  # inside a play at most one blank line
     assert not re.search(r"[ \t]+\n", text)  # no trailing spaces
 
 
@@ -41,11 +45,18 @@ def test_clean_play_strips_boilerplate_and_collapses_blank_lines(build):
 
 
 def test_play_selection_is_sorted_and_skips_poems_and_incomplete(build, tmp_path):
-    for name, size in [("b_play", 40), ("a_play", 30), ("sonnets", 10), ("cymbeline", 10), ("c_play", 50),
-                       ("d_play", 20)]:
+    for name, size in [
+        ("b_play", 40),
+        ("a_play", 30),
+        ("sonnets", 10),
+        ("cymbeline", 10),
+        ("c_play", 50),
+        ("d_play", 20),
+    ]:
         (tmp_path / f"{name}_gut.txt").write_text("x" * size)
         (tmp_path / f"{name}_gut_f.txt").write_text("folio")
     text, names = build.build_corpus(tmp_path, min_chars=100, max_chars=120)
-    # a (33) + b (43) = 76; c (53) would pass 120, so it is skipped; d (23) -> 99; still < 100, nothing left
+    # a (33) + b (43) = 76; c (53) would pass 120, so it is skipped; d (23) -> 99; still < 100,
+    # nothing left
     assert names == ["a_play_gut.txt", "b_play_gut.txt", "d_play_gut.txt"]
     assert text == build.PLAY_SEPARATOR.join(["x" * 30, "x" * 40, "x" * 20]) + "\n"

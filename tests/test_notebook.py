@@ -1,195 +1,209 @@
-"""play.ipynb runs top to bottom offline: on a local GPT-2 directory of any size, on our checkpoints (whatever
-their tokenizer), and on its random-init fallback; it labels every model figure with what it shows."""
+"""play.ipynb runs top to bottom offline, in a kernel of this venv: on a local Hugging Face GPT-2,
+on one of our character-level checkpoints with its run's curves, and on its labelled random-init
+fallback; every figure names the model (or the run) it shows; it is saved without outputs."""
 
-import dataclasses
-import re
+import json
 import sys
-from pathlib import Path
 
 import nbclient
 import nbformat
 import pytest
+from conftest import ROOT, child_env, run_program
+from test_plot import write_log, write_runs
 
-pytestmark = pytest.mark.gpt2_contract  # the notebook looks inside GPT-2: its module names, its Hugging Face form
-ROOT = Path(__file__).resolve().parents[1]
+import plot
+
 NOTEBOOK = ROOT / "play.ipynb"
-RANDOM_LABEL = "random init — not the trained GPT-2"
-CHARS = "".join(sorted(set((ROOT / "input.txt").read_text(encoding="utf-8"))))  # `fineweb.py --tokenizer char`'s
+RANDOM = "RANDOM INIT, not a trained GPT-2"
+
+# Run before the notebook: every figure rendered (by plt.show or display) is recorded with its
+# suptitle, axes titles and legend texts, to be printed as one JSON line after the last cell.
+RECORD = """
+import matplotlib.backend_bases
+
+_drawn = []
+_print_figure = matplotlib.backend_bases.FigureCanvasBase.print_figure
 
 
-def code_cells(nb) -> list[str]:
-    return [cell.source for cell in nb.cells if cell.cell_type == "code"]
+def _record(canvas, *args, **kwargs):
+    fig = canvas.figure
+    legends = [ax.get_legend() for ax in fig.axes if ax.get_legend()]
+    _drawn.append(
+        {
+            "suptitle": fig.get_suptitle(),
+            "titles": [ax.get_title() for ax in fig.axes],
+            "legends": [t.get_text() for legend in legends for t in legend.get_texts()],
+        }
+    )
+    return _print_figure(canvas, *args, **kwargs)
 
 
-@dataclasses.dataclass
-class Run:
-    text: str  # everything printed
-    images: int  # figures shown
+matplotlib.backend_bases.FigureCanvasBase.print_figure = _record
+"""
+REPORT = """
+import json
+import sys
+
+print("KERNEL " + sys.executable)
+print("FIGURES " + json.dumps(_drawn))
+"""
 
 
-def execute(runs: list[tuple[str, Path]], extra_code: str = "", until: str = "") -> list[Run]:
-    """Run play.ipynb once per (GPT2_MODEL, LOG_DIR) of runs, from the repo root, with extra_code appended; stop
-    before the markdown cell starting with `until` if given. All runs share one fresh kernel (the venv's:
-    ipykernel's python3 spec launches sys.executable), transformers is imported once, and `%reset -f` empties
-    the namespace before each run, so every run executes every cell as a fresh kernel would."""
-    notebook = nbformat.read(NOTEBOOK, as_version=4)
-    cells = notebook.cells
-    if until:
-        cells = cells[: [c.cell_type == "markdown" and c.source.startswith(until) for c in cells].index(True)]
-    nb, parts = nbformat.v4.new_notebook(metadata=notebook.metadata), []
-    for gpt2_model, log_dir in runs:
-        settings = ("%reset -f\nimport os\n"
-                    f"os.environ.update(GPT2_MODEL={str(gpt2_model)!r}, LOG_DIR={str(log_dir)!r})")
-        part = [nbformat.v4.new_code_cell(settings), *nbformat.from_dict(cells), nbformat.v4.new_code_cell(extra_code)]
-        parts.append(slice(len(nb.cells), len(nb.cells) + len(part)))
-        nb.cells += part
-    resources = {"metadata": {"path": str(ROOT)}}  # the working directory: train_gpt2 and input.txt are found
-    nbclient.NotebookClient(nb, kernel_name="python3", timeout=600, resources=resources).execute()  # raises on an error
-    outputs = [[out for cell in nb.cells[part] if cell.cell_type == "code" for out in cell.outputs] for part in parts]
-    return [Run("".join(out.get("text", "") + out.get("data", {}).get("text/plain", "") for out in outs),
-                sum("image/png" in out.get("data", {}) for out in outs)) for outs in outputs]
+def execute(gpt2_model, log_dir, cells=None):
+    """Run play.ipynb (its first `cells` cells, or all) in a fresh python3 kernel from the repo
+    root, GPT2_MODEL (None: unset) and LOG_DIR in its environment. Returns (what it printed,
+    the figures it drew)."""
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    nb.cells = [
+        nbformat.v4.new_code_cell(RECORD),
+        *nb.cells[:cells],
+        nbformat.v4.new_code_cell(REPORT),
+    ]
+    env = child_env(LOG_DIR=str(log_dir))
+    env.pop("GPT2_MODEL", None)
+    if gpt2_model is not None:
+        env["GPT2_MODEL"] = str(gpt2_model)
+    client = nbclient.NotebookClient(
+        nb, kernel_name="python3", timeout=300, resources={"metadata": {"path": str(ROOT)}}
+    )
+    client.execute(env=env)  # raises CellExecutionError on a cell's error
+    outputs = [out for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs]
+    text = "".join(out.get("text", "") for out in outputs)
+    images = sum("image/png" in out.get("data", {}) for out in outputs)
+    report = dict(line.split(" ", 1) for line in text.splitlines()[-2:])
+    figures = json.loads(report["FIGURES"])
+    assert report["KERNEL"] == sys.executable  # the venv's interpreter, not another python3
+    assert images == len(figures)
+    return text, figures
 
 
-def number_after(label: str, text: str) -> float:
-    match = re.search(re.escape(label) + r"\s*([0-9.e+-]+)", text)
-    assert match, f"{label!r} not printed"
-    return float(match.group(1))
+def check_model_figures(figures, tag):
+    """The position table, the init experiment, the attention map: each names its model."""
+    positions, init, attention = figures[:3]
+    assert positions["suptitle"] == f"position table of {tag}"
+    assert init["suptitle"] == "fresh train_gpt2.GPT (random init): 12 layers, width 256"
+    assert attention["suptitle"].startswith("attention of layer") and tag in attention["suptitle"]
 
 
-def check_residual_stream(text: str):
-    """The residual-stream cell: 100 summed steps of std 1 have std √100 = 10; scaled by 100^-½, std 1."""
-    assert 8.5 < number_after("std after 100 steps:", text) < 11.5
-    assert 0.85 < number_after("std after 100 steps scaled by n^-½:", text) < 1.15
+def check_init(text):
+    """c_proj starts at 0.02 * (2 * 12) ** -0.5, the rest at 0.02, and the stream stays small."""
+    for name, std in [("attn.c_attn", 0.02), ("attn.c_proj", 0.0041), ("mlp.c_fc", 0.02)]:
+        assert f"std of h.0.{name}.weight: {std:.4f}" in text
+    scaled = float(text.split("stream std after 12 blocks: ")[1].split()[0])
+    unscaled = float(text.split(" with c_proj at 0.02")[0].split()[-1])
+    assert 3 * scaled < unscaled
 
 
-def check_model_cells(text: str):
-    """The attention map by hand is transformers' own, and our GPT computes transformers' logits."""
-    assert number_after("max |by hand - transformers| =", text) < 1e-5
-    assert number_after("max |our logits - transformers' logits| on the prompt =", text) < 1e-4
+def check_attention(text):
+    """The attention worked out by hand is the model's own."""
+    assert float(text.split("max |by hand - the model's attention| = ")[1].split()[0]) < 1e-5
 
 
-def save_checkpoint(path: Path, vocab_size: int, **extra) -> str:
-    """A small checkpoint (2 layers, 2 heads, width 48, context 16) with the entries of train_gpt2's that
-    play.ipynb reads, plus extra."""
-    import torch
-
-    from train_gpt2 import GPT, GPTConfig
-
-    cfg = GPTConfig(block_size=16, vocab_size=vocab_size, n_layer=2, n_head=2, n_embd=48)
-    torch.manual_seed(0)
-    torch.save({"model": GPT(cfg).state_dict(), "model_config": dataclasses.asdict(cfg), **extra}, path)
-    return str(path)
-
-
-def test_notebook_is_clean_and_labels_every_model_figure():
+def test_notebook_is_saved_without_outputs():
     nb = nbformat.read(NOTEBOOK, as_version=4)
     nbformat.validate(nb)
-    cells = [c for c in nb.cells if c.cell_type == "code"]
-    assert all(not c.outputs and c.execution_count is None for c in cells), "commit play.ipynb without outputs"
-    assert 'GPT2_MODEL = os.environ.get("GPT2_MODEL", "gpt2")' in cells[0].source
-    assert 'LOG_DIR = os.environ.get("LOG_DIR", "log")' in cells[0].source
-    drawing = [src for src in code_cells(nb) if "imshow(" in src or "plt.plot(" in src]
-    assert len(drawing) >= 4
-    for src in drawing:  # the fallback label travels in TAG: every title of a model figure must carry it
-        titles = re.findall(r"(?:plt\.title|\.set_title)\((.*)", src)
-        assert titles and all("TAG" in t for t in titles), src
-    curves = [src for src in code_cells(nb) if "log.txt" in src]
-    assert len(curves) == 1 and "plot.write_curves(" in curves[0]  # one plotting implementation
+    assert nb.metadata.kernelspec.name == "python3"
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            assert not cell.outputs and cell.execution_count is None, "save it with outputs cleared"
 
 
 @pytest.mark.slow
-def test_notebook_runs_on_a_local_model(tmp_path):
+@pytest.mark.gpt2_contract
+def test_notebook_on_a_local_hugging_face_gpt2(tmp_path):
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from test_plot import write_log
-
-    # GPT-2's context and vocabulary, >= 300 channels, >= 2 layers: the course's numbers apply unchanged.
     torch.manual_seed(0)
-    GPT2LMHeadModel(GPT2Config(n_positions=1024, n_embd=320, n_layer=2, n_head=4)).save_pretrained(tmp_path / "model")
-    log_dir = write_log(tmp_path / "run")
-    (log_dir / "header.txt").write_text('{"data": {"dataset": "fineweb-edu"}}\n')  # GPT-2's reference applies
-    show_python = "import sys\nprint('kernel python:', sys.executable)"
-    [run] = execute([(tmp_path / "model", log_dir)], show_python)
-    text = run.text
+    hf = GPT2LMHeadModel(GPT2Config(n_positions=64, n_embd=32, n_layer=2, n_head=2))
+    hf.save_pretrained(tmp_path / "hf")
+    n_params = sum(p.numel() for p in hf.parameters())  # the tied table once
+    # a FineWeb-Edu run: GPT-2 124M's reference lines are drawn
+    run = write_log(tmp_path / "run")
+    write_runs(run, "fineweb-edu")
+    text, figures = execute(tmp_path / "hf", run)
 
-    assert f"kernel python: {sys.executable}" in text  # the venv's interpreter, not whatever is on PATH
-    assert f"loaded {tmp_path / 'model'}" in text and RANDOM_LABEL not in text
-    assert "transformer.wpe.weight" in text and "(1024, 320)" in text
-    check_model_cells(text)
-    assert text.count("> Hello, I'm a language model,") == 10  # 5 samples from each loop
-    assert "x =" in text and "y =" in text
-    assert "val loss 8.5000 at step 10; GPT-2 124M: 3.2924" in text
-    assert run.images == 5  # wpe, its channels, the weight block, weight vs attention, the training curves
-    assert (log_dir / "curves.png").is_file()
-    check_residual_stream(text)
-    # the init that follows from it: c_proj at 0.02 · (2·12)^-½ = 0.0041, every other weight at 0.02
-    for name, std in [("attn.c_attn", 0.02), ("attn.c_proj", 0.0041), ("mlp.c_fc", 0.02), ("mlp.c_proj", 0.0041)]:
-        assert number_after(f"fresh GPT: std of h.0.{name}.weight =", text) == pytest.approx(std, rel=0.05)
-
-
-@pytest.mark.slow
-def test_notebook_falls_back_to_a_labelled_random_model(tmp_path):
-    # Up to the sampling section: generating with a 124M model is the slow part, and the local-model test
-    # runs it already.
-    [run] = execute([(tmp_path / "no-such-model", tmp_path / "no-run")], "print('TAG:', TAG)", until="## Sampling")
-    text = run.text
-
-    assert "RANDOMLY INITIALISED GPT-2 124M" in text
-    assert f"TAG: {RANDOM_LABEL}" in text
-    assert "124.4M parameters: 12 layers, 12 heads, width 768" in text
-    assert number_after("max |by hand - transformers| =", text) < 1e-5
-    check_residual_stream(text)
+    tag = str(tmp_path / "hf")
+    assert f"loaded {tag}" in text and RANDOM not in text
+    assert f"{tag}: {n_params:,} parameters, 2 layers, 2 heads," in text
+    assert "width 32, context 64, 50,257 token rows" in text
+    assert "tokenizer: gpt2, 50,257 tokens" in text
+    assert "transformer.wpe.weight               (64, 32)" in text
+    assert f"nearest tokens in wte ({tag}):" in text
+    check_init(text)
+    check_attention(text)
+    assert "layer 1, 11 tokens:" in text  # the middle block, the sentence in GPT-2's tokens
+    for i in range(4):
+        assert f"sample {i}: Hello, I'm a language model," in text
+    assert len(figures) == 4
+    check_model_figures(figures, tag)
+    curves = figures[3]
+    assert curves["suptitle"] == f"training curves of {run}"
+    assert "GPT-2 124M val (3.2924)" in curves["legends"]
+    assert "val 8.5000 at step 10" in text and "hella 0.2700 at step 10" in text
 
 
 @pytest.mark.slow
-def test_notebook_runs_on_small_models_and_our_checkpoints(tmp_path):
-    import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
+@pytest.mark.gpt2_contract
+def test_notebook_on_our_character_level_checkpoint_and_its_run(tmp_path):
+    corpus = tmp_path / "data"
+    run = tmp_path / "run"
+    made = run_program(
+        "fineweb.py", ["--local", "input.txt", "--tokenizer", "char", "--out_dir", corpus]
+    )
+    assert made.returncode == 0, made.stderr
+    args = ["--data_root", corpus, "--log_dir", run, "--n_layer", "2", "--n_head", "2"]
+    args += ["--n_embd", "32", "--batch_size", "4", "--seq_len", "32"]
+    args += ["--total_batch_size", "128", "--max_steps", "4", "--val_tokens", "128"]
+    args += ["--hellaswag_interval", "0", "--sample_interval", "0", "--device", "cpu"]
+    trained = run_program("train_gpt2.py", args)
+    assert trained.returncode == 0, trained.stderr
+    vocab = json.loads((corpus / "manifest.json").read_text())["vocab"]
+    text, figures = execute(run / "model_00004.pt", run)
 
-    # A Hugging Face directory narrower than the 300-channel corner and than channel 150, with one layer and a
-    # context shorter than the sentence (11 tokens) and the prompt (8 tokens); and one of our checkpoints, its
-    # token table padded to 50304 rows as training does.
-    torch.manual_seed(0)
-    GPT2LMHeadModel(GPT2Config(n_positions=8, n_embd=64, n_layer=1, n_head=2)).save_pretrained(tmp_path / "hf")
-    checkpoint = save_checkpoint(tmp_path / "model_00100.pt", vocab_size=50304)
-    small, ours = execute([(tmp_path / "hf", tmp_path / "no-run"), (checkpoint, tmp_path / "no-run")])
+    tag = str(run / "model_00004.pt")
+    assert f"loaded {tag}" in text and RANDOM not in text
+    assert f"width 32, context 32, {len(vocab)} token rows" in text
+    assert f"tokenizer: char, {len(vocab)} tokens" in text
+    check_init(text)
+    check_attention(text)
+    assert "layer 1, 32 tokens:" in text  # the sentence's first 32 characters
+    # 4 samples of a new line and 300 characters, each in the model's vocabulary
+    samples = text.split(f"4 samples of 300 new tokens from {tag}:\n")[1]
+    for i in range(4):
+        sample = samples.split(f"sample {i}: ")[1][:301]
+        assert sample.startswith("\n") and set(sample) <= set(vocab)
+        assert samples.split(f"sample {i}: ")[1][301] == "\n"
+    assert len(figures) == 4
+    check_model_figures(figures, tag)
+    curves = figures[3]
+    assert curves["suptitle"] == f"training curves of {run}"
+    assert "loss" in curves["titles"] and "bpb" in curves["titles"]
+    assert not any("GPT-2 124M" in label for label in curves["legends"])  # not FineWeb-Edu
+    step, val = plot.read_log(run / "log.txt")["val"][-1]
+    assert step == 4 and f"val {val:.4f} at step 4" in text
 
-    assert f"loaded {tmp_path / 'hf'}" in small.text and "tokenizer: gpt2, 50,257 tokens" in small.text
-    assert "1 layers, 2 heads, width 64, context 8" in small.text and "(8, 64)" in small.text
-    check_model_cells(small.text)
-    assert small.text.count("> Hello, I'm a language model") == 10  # the prompt cut to 7 tokens, 1 sampled
-    assert small.images == 4  # no training curves
 
-    assert f"loaded {checkpoint}" in ours.text and RANDOM_LABEL not in ours.text
-    assert "2 layers, 2 heads, width 48, context 16, vocabulary 50257" in ours.text  # export_hf drops the padding
-    assert "tokenizer: gpt2, 50,257 tokens" in ours.text
-    check_model_cells(ours.text)
-    assert ours.text.count("> Hello, I'm a language model,") == 10 and ours.images == 4
-    for run in (small, ours):
-        check_residual_stream(run.text)
+@pytest.mark.gpt2_contract
+def test_notebook_offline_falls_back_to_a_labelled_random_model(tmp_path):
+    # GPT2_MODEL unset: gpt2 from the hub, which HF_HUB_OFFLINE=1 (conftest) makes unreachable
+    text, figures = execute(None, tmp_path / "no-run")
+
+    assert "could not load gpt2 from the hub" in text and "loaded gpt2" not in text
+    assert f"{RANDOM}: " in text and "4 layers, 4 heads," in text
+    assert "tokenizer: gpt2, 50,257 tokens" in text
+    assert f"nearest tokens in wte ({RANDOM}):" in text
+    assert f"4 samples of 32 new tokens from {RANDOM}:" in text
+    check_init(text)
+    check_attention(text)
+    assert len(figures) == 3  # no curves without a run
+    check_model_figures(figures, RANDOM)
+    assert f"no curves: {tmp_path / 'no-run' / 'log.txt'} is missing or empty" in text
 
 
-@pytest.mark.slow
-def test_notebook_runs_on_character_level_checkpoints(tmp_path):
-    # The tokenizer is on record in the checkpoint (training writes it there) and the notebook uses it; or it is
-    # not, and GPT-2's 50,257 ids do not fit the model's 77: the cells that need text are skipped, the others run.
-    char = {"tokenizer": "char", "vocab": CHARS}
-    checkpoints = [save_checkpoint(tmp_path / "recorded.pt", len(CHARS), tokenizer=char),
-                   save_checkpoint(tmp_path / "unknown.pt", len(CHARS), train_config={"data_root": str(tmp_path)})]
-    *known, unknown = execute([(path, tmp_path / "no-run") for path in checkpoints])
-
-    for path, run in zip(checkpoints, known):
-        assert f"loaded {path}" in run.text and "tokenizer: char, 77 tokens" in run.text
-        assert "2 layers, 2 heads, width 48, context 16, vocabulary 77" in run.text
-        check_model_cells(run.text)
-        assert run.text.count("> Hello, I'm a la") == 10 and run.images == 4  # 15 characters of prompt fit
-        after = run.text.split("300 characters from our loop (")[1].split("):\n", 1)[1]
-        sample = after[: after.index((ROOT / "input.txt").read_text(encoding="utf-8")[:100])]  # the next cell's print
-        assert len(sample) >= 300 and set(sample) <= set(CHARS)  # a few hundred characters of its vocabulary
-
-    assert f"loaded {checkpoints[-1]}" in unknown.text
-    assert "no tokenizer for a vocabulary of 77 (gpt2 has 50,257 tokens)" in unknown.text
-    assert "max |by hand" not in unknown.text and "generate" not in unknown.text and unknown.images == 3
-    for run in (*known, unknown):
-        check_residual_stream(run.text)
+def test_a_named_model_that_does_not_load_is_an_error_not_a_stand_in(tmp_path):
+    missing = tmp_path / "model_00100.pt"
+    with pytest.raises(nbclient.exceptions.CellExecutionError) as error:
+        execute(missing, tmp_path, cells=3)  # the settings and the loading cell
+    assert error.value.ename == "ValueError"  # raised, not printed and replaced
+    assert error.value.evalue.startswith(f"GPT2_MODEL={missing}: checkpoint {missing} is missing")

@@ -39,15 +39,16 @@ def run_plot(*args, cwd=ROOT) -> subprocess.CompletedProcess:
     return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=120)
 
 
-def test_read_log_last_value_wins_and_bad_lines_are_named(tmp_path):
-    # a resume from step 8 logs 9 and 10 again; a line edited by hand
+def test_a_resumed_run_replaces_the_tail_and_bad_lines_are_named(tmp_path):
+    # a resume from step 9 logs 9 and 10 again (no evaluation at 10 this time); a line edited
+    # by hand: from step 9 on, the curves are the resumed run's alone
     log = write_log(tmp_path, "9 train 5.5\n10 train 5.25\nstep nine\n11 train 5.0\n")
     log = log / "log.txt"
     warnings = []
     series = plot.read_log(log, warnings.append)
     assert series["train"][-3:] == [(9, 5.5), (10, 5.25), (11, 5.0)]
     assert [step for step, _ in series["train"]] == list(range(12))
-    assert series["hella"] == [(0, 0.25), (5, 0.26), (10, 0.27)]
+    assert series["hella"] == [(0, 0.25), (5, 0.26)]
     n = len(log.read_text().splitlines())
     assert [w.split(": skipped")[0] for w in warnings] == [f"{log}:{n - 1}"]
     assert "'step nine'" in warnings[0]

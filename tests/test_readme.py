@@ -5,9 +5,9 @@ import re
 import shlex
 
 import pytest
+from conftest import ROOT
 
 import train_gpt2
-from conftest import ROOT
 
 README = (ROOT / "README.md").read_text()
 
