@@ -93,10 +93,9 @@ def test_cpu_smoke_records_every_stage_and_writes_the_table(tmp_path):
     assert all(e["status"] == "ok" for e in stages), problems
     assert all(e["seconds"] >= 0 and e["result"]["summary"] for e in stages)
     by_name = {e["stage"]: e["result"] for e in stages}
-    # the CPU's fp32 equals the reference file's (made on a CPU in fp32); after a change to
-    # the model: python scripts/gpu_check.py --make-reference
+    # the CPU's fp32 equals the reference (the file's, made on a CPU in fp32, or one remade
+    # here for an edited model: tests/test_gpt2_contract-style parity is below)
     assert by_name["correct_fp32"]["logits_abs"] < 1e-4
-    assert by_name["correct_fp32"]["reference_remade"] is False
     assert by_name["step_B4"]["attention"]["kind"] in ("flash", "efficient", "math")
     assert by_name["val"]["tokens"] == 8 * 4 * 32
     assert by_name["hellaswag"]["n"] == 16
@@ -209,6 +208,19 @@ def test_no_python_is_one_line(tmp_path):
     assert proc.stderr.splitlines() == [
         "gpu_check.sh: error: no no-such-python on PATH: set PYTHON to the python that has torch"
     ]
+
+
+@pytest.mark.gpt2_contract
+def test_the_reference_is_the_shipped_models():
+    # the file is GPT-2's (its seeded init's checksum matches this model's); after an edit of
+    # the model: python scripts/gpu_check.py --make-reference
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import gpu_check
+
+    reference = json.loads((ROOT / "scripts" / "gpu_reference.json").read_text())
+    case = reference["cases"]["tiny"]
+    _, init = gpu_check.seeded_model(case["model"], "cpu")
+    assert init == pytest.approx(case["init"], rel=1e-6)
 
 
 def test_the_reference_holds_both_cases():
