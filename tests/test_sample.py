@@ -95,6 +95,7 @@ def test_temperature_0_is_greedy(checkpoint):
     assert texts[:1] == train_gpt2.sample_texts(model, enc, "JULIET:", 1, 13, top_k=1, seed=3)
 
 
+@pytest.mark.gpt2_contract  # GPT-2's weights, imported: a model edit changes what loads
 def test_a_hugging_face_directory_samples_gpt2_tokens(tmp_path):
     """A GPT2LMHeadModel directory brings GPT-2's tokenizer; an empty prompt is <|endoftext|>
     alone, one token of --max_length."""
