@@ -6,6 +6,7 @@ import json
 import math
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -254,12 +255,13 @@ def test_wandb_gets_every_metric_and_a_resume_continues_its_run(
 # Real processes: stop signals, kills, DDP, the command line
 
 
-def start(args, **popen):
+def start(args, env=None, **popen):
     # the output goes to files: a pipe nobody reads would fill and stop the run
     command = [sys.executable, str(ROOT / "train_gpt2.py")] + [str(a) for a in args]
     out = tempfile.TemporaryFile("w+")
     err = tempfile.TemporaryFile("w+")
-    proc = subprocess.Popen(command, cwd=ROOT, env=child_env(), stdout=out, stderr=err, **popen)
+    env = env or child_env()
+    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=err, **popen)
     proc.output = (out, err)
     return proc
 
@@ -362,6 +364,65 @@ def test_kill_9_resumes_from_the_last_whole_checkpoint(small_corpus, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert_same_state(checkpoint(straight, 40), checkpoint(killed, 40))
+
+
+def descendants(pid):
+    # the processes below pid (from /proc: each one's parent is in its stat line)
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    found = [p for p, parent in parents.items() if parent == pid]
+    return found + [d for p in found for d in descendants(p)] if found else []
+
+
+def compilers(pids):
+    names = []
+    for pid in pids:
+        try:
+            names.append(Path(f"/proc/{pid}/comm").read_text().strip())
+        except OSError:
+            continue
+    return [n for n in names if n in ("cc1plus", "g++", "gcc", "c++", "cc", "ld", "as")]
+
+
+@pytest.mark.slow
+def test_sigterm_while_the_first_step_compiles_stops_after_it_and_resumes(small_corpus, tmp_path):
+    # SLURM's SIGTERM (and Ctrl-C's SIGINT) reaches the whole process group: the trainer and
+    # the processes torch.compile starts (its workers, the C++ compiler). The compile and the
+    # step finish, a checkpoint of step 1 is written, exit 0, no traceback; --resume auto
+    # trains the rest.
+    args = tiny_flags(small_corpus, tmp_path, compile="true", max_steps=3, eval_interval=0)
+    cold = {"TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1", "TORCHINDUCTOR_COMPILE_THREADS": "2"}
+    proc = start(args, start_new_session=True, env=child_env(**cold))
+    # the moment a C++ compiler runs (killing it halfway is what the stop signals must not do)
+    wait_for(lambda: compilers(descendants(proc.pid)), proc, timeout=300)
+    assert train_steps(tmp_path) == 0, "step 0 ended before the signal: nothing was tested"
+    os.killpg(proc.pid, signal.SIGTERM)
+    returncode, out, err = finish(proc, timeout=300)
+    assert returncode == 0 and "Traceback" not in err, err[-3000:]
+    assert "SIGTERM: stopped at step 1" in out
+    assert [s for s, _ in train_gpt2.find_checkpoints(tmp_path)] == [1]
+    # (a resume may change --compile: eager here, quick)
+    proc = run_program("train_gpt2.py", args + ["--resume", "auto", "--compile", "false"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [s for s, _ in train_gpt2.find_checkpoints(tmp_path)] == [1, 3]
+
+
+def test_a_run_started_with_nohup_trains_through_hangups(small_corpus, tmp_path):
+    # nohup starts it with SIGHUP ignored: a closed terminal never ends the run
+    nohup = [shutil.which("nohup"), sys.executable, str(ROOT / "train_gpt2.py")]
+    args = tiny_flags(small_corpus, tmp_path, max_steps=30, ckpt_interval=0)
+    proc = subprocess.Popen(nohup + args, cwd=tmp_path, env=child_env(), stdout=subprocess.DEVNULL)
+    time.sleep(1)
+    proc.send_signal(signal.SIGHUP)  # while torch loads
+    wait_for(lambda: train_steps(tmp_path) >= 3, proc)
+    proc.send_signal(signal.SIGHUP)
+    assert proc.wait(timeout=120) == 0
+    assert max(read_log(tmp_path)["train"]) == 29
 
 
 @pytest.mark.slow
