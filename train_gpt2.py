@@ -414,7 +414,9 @@ def load_model(source, device="cpu", dropout=0.0):
     if not str(source).endswith(".pt"):
         return GPT.from_pretrained(str(source), dropout).to(device), fineweb.get_tokenizer()
     ckpt = load_checkpoint(source)
-    model = GPT(GPTConfig(**{**ckpt["model_config"], "dropout": dropout}))
+    # (a checkpoint of the previous version records a bias flag too: its weights are the same)
+    fields = {k: v for k, v in ckpt["model_config"].items() if k in GPTConfig.__dataclass_fields__}
+    model = GPT(GPTConfig(**{**fields, "dropout": dropout}))
     model.load_state_dict(ckpt["model"])
     return model.to(device), fineweb.tokenizer_from_manifest(ckpt["tokenizer"])
 

@@ -234,6 +234,22 @@ def test_init_from_a_checkpoint_starts_a_new_run_from_its_weights(small_corpus, 
     assert checkpoint(tmp_path / "b", 3)["step"] == 3
 
 
+def test_a_checkpoint_of_the_previous_version_still_gives_its_weights(small_corpus, tmp_path):
+    # its model_config held a bias flag, and it had no optimizers/loader in this form: its
+    # weights still load (sample.py, export_hf.py, --init_from), its resume is refused
+    train(small_corpus, tmp_path / "a", max_steps=2)
+    ckpt = checkpoint(tmp_path / "a", 2)
+    old = {key: ckpt[key] for key in ("model", "step", "tokenizer", "train_config")}
+    old.update(model_config={**ckpt["model_config"], "bias": True}, data={"fingerprint": "x"})
+    path = tmp_path / "old.pt"
+    train_gpt2.save_checkpoint(path, old)
+    model, enc = train_gpt2.load_model(path)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in ckpt["model"].items())
+    with pytest.raises(ValueError, match="resume: "):
+        train(small_corpus, tmp_path / "b", max_steps=4, resume=path)
+    train(small_corpus, tmp_path / "c", max_steps=2, init_from=path)
+
+
 def test_wandb_gets_every_metric_and_a_resume_continues_its_run(
     small_corpus, tmp_path, monkeypatch
 ):
