@@ -640,14 +640,9 @@ def load_checkpoint(path):
 
 
 def save_checkpoint(path, checkpoint):
-    # atomically: written under a temporary name and flushed to disk, then renamed, so that a
-    # crash at any moment leaves the whole file or none
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        torch.save(checkpoint, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    # atomically, as fineweb.py writes its shards: under a temporary name, flushed to disk, then
+    # renamed, so that a crash at any moment leaves the whole file or none
+    fineweb.write_atomic(Path(path), lambda f: torch.save(checkpoint, f))
 
 
 def choose_checkpoint(resume, log_dir, log):
