@@ -102,11 +102,12 @@ class TrainConfig:
     skip_nonfinite: bool = False  # skip an update with a non-finite loss or norm (else stop)
     skip_spikes: float = 0.0  # skip an update Z std devs above the recent mean (0: off)
     # evaluation and checkpoints (intervals in steps; 0 turns it off)
-    eval_interval: int = 250  # steps between validation losses
+    # build-nanogpt evaluates every 250 steps; every 500 halves evaluation's share of the run
+    eval_interval: int = 500  # steps between validation losses
     val_tokens: int = 10485760  # val tokens scored (a multiple of B x T), any world size
-    hellaswag_interval: int = 250  # steps between HellaSwag evaluations
+    hellaswag_interval: int = 500  # steps between HellaSwag evaluations
     hellaswag_data: str = ""  # a HellaSwag .jsonl or .parquet ('': the official val split)
-    sample_interval: int = 250  # steps between printed samples
+    sample_interval: int = 500  # steps between printed samples
     sample_prompt: str = "Hello, I'm a language model,"  # prompt of the printed samples
     sample_length: int = 32  # tokens each sample adds to the prompt
     ckpt_interval: int = 5000  # steps between checkpoints (one is always written at the end)
