@@ -49,6 +49,7 @@ if __name__ == "__main__":
 
 import torch  # noqa: E402
 
+import fineweb  # noqa: E402
 from hellaswag import pick_device  # noqa: E402
 from train_gpt2 import GPT, GPTConfig  # noqa: E402
 
@@ -310,17 +311,6 @@ def markdown(rows):
     return "\n".join(lines)
 
 
-def write_json(path, data):
-    # atomically: a temporary name, flushed to disk, then renamed
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def positive_ints(text):
     # "16,32,64" -> [16, 32, 64]
     if not re.fullmatch(r"[1-9]\d*(,[1-9]\d*)*", text):
@@ -409,7 +399,8 @@ def main(argv=None):
     try:
         results = run(args)
         if args.json:
-            write_json(args.json, results)
+            text = json.dumps(results, indent=1)
+            fineweb.write_atomic(Path(args.json), lambda f: f.write(text.encode()))
     except (ValueError, OSError, RuntimeError) as e:
         # one line, even for a library's multi-line message
         message = " ".join(str(e).split())

@@ -176,6 +176,8 @@ def check_export(model, enc, out):
 # GPT-2 directory out_dir, checked; returns its Path. A ValueError or an
 # OSError (one line) leaves nothing behind.
 def export_hf(checkpoint_path, out_dir):
+    from safetensors import SafetensorError  # transformers writes the weights with it
+
     out = Path(out_dir).resolve()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ValueError(f"{out} exists and is not an empty directory; pick a new OUT_DIR")
@@ -192,6 +194,9 @@ def export_hf(checkpoint_path, out_dir):
             with open(path, "rb") as f:
                 os.fsync(f.fileno())
         os.replace(tmp, out)
+    except SafetensorError as e:
+        # a full disk (or a file-size limit) while safetensors writes the weights
+        raise OSError(f"cannot write {out}: {e}") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out

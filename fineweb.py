@@ -263,14 +263,6 @@ def hub_files(repo, pattern, download_dir):
     return sorted(names)
 
 
-# a dataset file's local path: downloaded, or found in the cache or
-# download_dir (offline, or downloaded already)
-def hub_download(repo, name, download_dir):
-    from huggingface_hub import hf_hub_download
-
-    return hf_hub_download(repo, name, repo_type="dataset", local_dir=download_dir)
-
-
 # -----------------------------------------------------------------------------
 # Tokenising a file into shards
 
@@ -316,14 +308,21 @@ def small_val_size(n, starts):
     return min(near, key=lambda s: abs(s - target), default=target)
 
 
-# write(f) into a temp file beside path, fsync, rename over path
+# write(f) into a temp file beside path, fsync, rename over path: path is then
+# the whole new file, or what it was. A failed write (a full disk) leaves no
+# temp file behind, and its OSError names path.
 def write_atomic(path, write):
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        raise OSError(f"cannot write {path}: {e}") from None
+    finally:
+        tmp.unlink(missing_ok=True)  # (gone already once renamed)
 
 
 # the next part of file `index` (val if it is the first of all),
@@ -332,8 +331,7 @@ def save_shard(target, prefix, index, shards, tokens):
     split = "val" if index == len(shards) == 0 else "train"
     path = target / f"{prefix}_{split}_{index:04d}_{len(shards):04d}.npy"
     write_atomic(path, lambda f: np.save(f, tokens))
-    with open(path, "rb") as f:
-        sha256 = hashlib.file_digest(f, "sha256").hexdigest()
+    sha256 = hashlib.sha256(path.read_bytes()).hexdigest()
     shards.append(
         {
             "file": path.name,
@@ -516,6 +514,8 @@ def on_stop_signal(signum, frame):
 # tokenise each file not done yet into target (a pool over its
 # documents, in order), then write its done-record; last, the manifest
 def build(args, target, settings):
+    from huggingface_hub import hf_hub_download
+
     (target / ".fineweb").mkdir(parents=True, exist_ok=True)
     # one pool for all files, started while stop signals wait: a handler
     # must not run in fork's callbacks (they ignore exceptions), nor in a
@@ -529,7 +529,14 @@ def build(args, target, settings):
             record_file = target / ".fineweb" / f"{index:04d}.done.json"
             if record_file.exists():
                 continue
-            path = source if args.local else hub_download(args.repo, source, args.download_dir)
+            # a hub file: downloaded, or found in the cache or download_dir (offline)
+            path = (
+                source
+                if args.local
+                else hf_hub_download(
+                    args.repo, source, repo_type="dataset", local_dir=args.download_dir
+                )
+            )
             stat = os.stat(path)
             desc = f"{index + 1}/{len(settings['sources'])} {Path(source).name}"
             encode = functools.partial(encode_document, settings["vocab"])
@@ -624,7 +631,8 @@ def main(argv=None):
             "run the same command to continue"
         )
     except Exception as e:
-        reason = e if isinstance(e, CorpusError) else f"{type(e).__name__}: {e}"
+        # an OSError names its file (write_atomic's, a full disk's)
+        reason = e if isinstance(e, (CorpusError, OSError)) else f"{type(e).__name__}: {e}"
         sys.exit(f"fineweb.py: error: {str(reason).splitlines()[0]}")
     finally:
         for sig in STOP_SIGNALS:

@@ -642,8 +642,12 @@ def load_checkpoint(path):
 
 def save_checkpoint(path, checkpoint):
     # atomically, as fineweb.py writes its shards: under a temporary name, flushed to disk, then
-    # renamed, so that a crash at any moment leaves the whole file or none
-    fineweb.write_atomic(Path(path), lambda f: torch.save(checkpoint, f))
+    # renamed, so that a crash at any moment leaves the whole file or none. torch's zip writer
+    # reports a failed write (most often a full disk) as a RuntimeError.
+    try:
+        fineweb.write_atomic(Path(path), lambda f: torch.save(checkpoint, f))
+    except RuntimeError as e:
+        raise OSError(f"cannot write {path} (is the disk full?): {e}") from None
 
 
 def choose_checkpoint(resume, log_dir, log):

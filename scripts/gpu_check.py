@@ -207,13 +207,9 @@ def timed(fn, *args, **kwargs):
     return result, time.monotonic() - t0
 
 
-def write_atomic(path, text):
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def write_text(path, text):
+    # atomically, as the trainer writes its checkpoints
+    fineweb.write_atomic(Path(path), lambda f: f.write(text.encode()))
 
 
 def synthetic_words(rng, lo, hi):
@@ -357,7 +353,7 @@ def make_reference(path):
         name: {**spec, **run_case(name, "cpu", False, "false")} for name, spec in CASES.items()
     }
     made = dict(torch=torch.__version__, python=platform.python_version(), dtype="float32")
-    write_atomic(path, json.dumps({"made_with": made, "cases": cases}, indent=1) + "\n")
+    write_text(path, json.dumps({"made_with": made, "cases": cases}, indent=1) + "\n")
     return cases
 
 
@@ -675,7 +671,7 @@ def stage_corpus(check):
     data = check.out / f"corpus_{spec['tokens']}_{spec['shard_size']}"
     text = data.with_suffix(".txt")
     if not text.is_file():
-        write_atomic(text, synthetic_text(spec["tokens"]))
+        write_text(text, synthetic_text(spec["tokens"]))
     argv = [sys.executable, "fineweb.py", "--local", str(text), "--out_dir", str(data)]
     argv += ["--shard_size", str(spec["shard_size"]), "--workers", str(min(8, os.cpu_count()))]
     output = run_logged(check, argv, check.run_dir / "fineweb.log")
@@ -683,7 +679,7 @@ def stage_corpus(check):
     hella = check.sizes["hella"]
     examples = synthetic_examples(check.sizes["train_hella"], hella["ctx"], hella["ending"])
     lines = "".join(json.dumps(example) + "\n" for example in examples)
-    write_atomic(check.run_dir / "hellaswag.jsonl", lines)
+    write_text(check.run_dir / "hellaswag.jsonl", lines)
     return dict(
         data_root=str(data),
         shards=len(manifest["shards"]),
@@ -837,7 +833,7 @@ def record(check, entry):
             os.fsync(f.fileno())
         check.records.append(entry)
         if len(check.records) > 1:
-            write_atomic(check.run_dir / "table.md", table(check))
+            write_text(check.run_dir / "table.md", table(check))
             name = f"{entry['group']} {entry['stage']}"
             print(f"[gpu_check] {name}: {entry['status']}: {describe(entry)}", flush=True)
     finally:
