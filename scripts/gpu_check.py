@@ -26,8 +26,10 @@ Output: --out DIR, else $GPU_CHECK_OUT, else out/gpu_check (git ignores out/). E
 DIR/run_{date}_{time}/results.jsonl (a JSON line a stage, appended and synced as it ends) and
 table.md (rewritten after each stage). DIR keeps the compile caches (inductor_cache/ and
 triton_cache/, unless TORCHINDUCTOR_CACHE_DIR or TRITON_CACHE_DIR is set) and the synthetic
-corpus, so that a second run is warm. The trainer's checkpoints go once stage e resumed from
-them. Exit status 0 when no stage failed; 1 when one failed or a stop signal stopped the run.
+corpus, so that a second run is warm (DIR/warm_torch_{version} says stage c compiled there).
+The trainer's checkpoints go once stage e resumed from them; at the deadline its launcher and
+ranks get SIGTERM, then SIGKILL 20 s later. Exit status 0 when no stage failed; 1 when one
+failed or a stop signal stopped the run.
 """
 
 import argparse
@@ -457,6 +459,10 @@ def attention_kernel(model, x, y):
     return dict(kind=(kinds + ["none seen"])[0], ops=ops, kernels=kernels[:3])
 
 
+def warm_marker(out):
+    return out / f"warm_torch_{torch.__version__}"
+
+
 def stage_step(check, B):
     warm = warm_model(check)
     T = check.sizes["T"]
@@ -474,7 +480,15 @@ def stage_step(check, B):
     peak = bench.peak_flops(check.device)
     mfu = flops_per_token * tok_per_s / peak if peak else None
     memory = peak_gib(check)
-    kernel = attention_kernel(warm["model"], x, y) if B == check.sizes["batches"][0] else None
+    if B == check.sizes["batches"][-1]:
+        warm_marker(check.out).touch()  # every batch size of stage c compiled
+    kernel = None
+    if B == check.sizes["batches"][0]:
+        # the profiler may be barred (CUPTI in a container): the step's numbers stand anyway
+        try:
+            kernel = attention_kernel(warm["model"], x, y)
+        except Exception as e:
+            kernel = dict(kind=f"unknown ({type(e).__name__})", ops=[], kernels=[])
     attention = kernel and f", attention {kernel['kind']}"
     return dict(
         B=B,
@@ -624,16 +638,40 @@ def stage_eval_share(check):
 # e: the trainer under torchrun
 
 
-def stop_group(proc):
-    # the launcher and its ranks: SIGTERM (the trainer's clean stop), then SIGKILL
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+def descendants(pid):
+    # every process below pid, read from /proc: torchrun starts each rank in a session of its
+    # own, so the launcher's process group does not hold them
+    parent_of = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            os.killpg(proc.pid, sig)
-            return proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            continue
+            # "pid (comm) state ppid ...", and comm may hold spaces or parentheses
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # a process that ended meanwhile
+        parent_of[int(stat.parent.name)] = int(fields[1])
+    found = []
+    below = {pid}
+    while below:
+        below = {child for child, parent in parent_of.items() if parent in below}
+        found += below
+    return found
+
+
+def stop_group(proc, grace=20):
+    # the launcher and its ranks: SIGTERM to its group (the trainer's clean stop; torchrun
+    # passes it on), then SIGKILL to the group and to every process below the launcher
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        return proc.wait(timeout=grace)
+    except ProcessLookupError:
+        return proc.wait()
+    except subprocess.TimeoutExpired:
+        pass
+    for pid in descendants(proc.pid) + [proc.pid]:
+        try:
+            os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
-            break
+            pass
     return proc.wait()
 
 
@@ -709,7 +747,8 @@ def train_argv(check, resume):
     )
     if not check.cuda:
         flags.update(device="cpu", n_layer=2, n_head=2, n_embd=32)
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    # the rendezvous on the loopback: a GPU box offline may not resolve its own hostname
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--local-addr=127.0.0.1"]
     argv += ["--nproc_per_node=1", "train_gpt2.py", "--preset", "gpt2-124M"]
     return argv + [f"--{k}={v}" for k, v in flags.items()]
 
@@ -918,12 +957,16 @@ def main(argv=None):
     stamp = datetime.datetime.now().strftime("run_%Y%m%d_%H%M%S")
     run_dir = out / stamp if not (out / stamp).exists() else out / f"{stamp}_{os.getpid()}"
     run_dir.mkdir(parents=True)
-    # fixed compile caches in --out (the trainer inherits them): a second run is warm
-    inductor = os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(out / "inductor_cache"))
-    triton = os.environ.setdefault("TRITON_CACHE_DIR", str(out / "triton_cache"))
+    # fixed compile caches in --out, absolute (the trainer inherits them and runs elsewhere):
+    # a second run is warm
+    for key, name in [("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TRITON_CACHE_DIR", "triton")]:
+        os.environ[key] = str(Path(os.environ.get(key) or out / f"{name}_cache").resolve())
+    inductor = os.environ["TORCHINDUCTOR_CACHE_DIR"]
+    triton = os.environ["TRITON_CACHE_DIR"]
     mode = "cpu" if args.cpu_smoke else "gpu"
     compile_mode = args.compile or ("eager" if args.cpu_smoke else "inductor")
-    warm_cache = any(Path(inductor).glob("*"))
+    # warm: an earlier run of this torch compiled stage c's step into these caches
+    warm_cache = warm_marker(out).exists()
     deadline = STARTED + args.deadline
     check = Check(mode, compile_mode, out, run_dir, deadline, warm_cache, args.reference)
     for sig in STOP_SIGNALS + (signal.SIGALRM,):

@@ -247,3 +247,34 @@ def test_the_reference_holds_both_cases():
         assert len(case["losses"]) == 4 and case["losses"][-1] < case["losses"][0]
         assert len(case["logits"]) == case["B"] * 2 * 8 and case["init"] > 0
     assert os.access(SCRIPT, os.X_OK)
+
+
+def test_a_rank_that_ignores_sigterm_is_killed_with_its_launcher(tmp_path):
+    # torchrun starts each rank in a session of its own: stop_group must reach it all the same
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import gpu_check as check
+
+    pid_file = tmp_path / "rank.pid"
+    rank = tmp_path / "stubborn.py"
+    rank.write_text(
+        "import os, signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "open(sys.argv[1], 'w').write(str(os.getpid()))\n"
+        "time.sleep(600)\n"
+    )
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    launcher += ["--local-addr=127.0.0.1", "--nproc_per_node=1", str(rank), str(pid_file)]
+    proc = subprocess.Popen(launcher, env=child_env(), start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline and proc.poll() is None, "the rank never started"
+        time.sleep(0.2)
+    rank_pid = int(pid_file.read_text())
+    assert rank_pid in check.descendants(proc.pid)
+    check.stop_group(proc, grace=2)
+    # the rank is gone (reaped by init once the launcher died), not left holding a GPU
+    while time.monotonic() < deadline:
+        if not Path(f"/proc/{rank_pid}").exists():
+            break
+        time.sleep(0.2)
+    assert not Path(f"/proc/{rank_pid}").exists()
