@@ -13,6 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))  # gpu_check's helpers, for the tests
 
 # Before anything imports transformers or datasets: never wait on the network, never write to
 # ~/.cache. Every program a test starts inherits this.

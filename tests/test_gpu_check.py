@@ -251,7 +251,6 @@ def test_the_reference_holds_both_cases():
 
 def test_a_rank_that_ignores_sigterm_is_killed_with_its_launcher(tmp_path):
     # torchrun starts each rank in a session of its own: stop_group must reach it all the same
-    sys.path.insert(0, str(ROOT / "scripts"))
     import gpu_check as check
 
     pid_file = tmp_path / "rank.pid"

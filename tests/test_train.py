@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import ROOT, child_env, read_log, run_program, tiny_config, tiny_flags
+from gpu_check import descendants
 
 import fineweb
 import train_gpt2
@@ -384,19 +385,6 @@ def test_kill_9_resumes_from_the_last_whole_checkpoint(small_corpus, tmp_path):
     assert_same_state(checkpoint(straight, 40), checkpoint(killed, 40))
 
 
-def descendants(pid):
-    # the processes below pid (from /proc: each one's parent is in its stat line)
-    parents = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        parents[int(stat.parent.name)] = int(fields[1])
-    found = [p for p, parent in parents.items() if parent == pid]
-    return found + [d for p in found for d in descendants(p)] if found else []
-
-
 def compilers(pids):
     names = []
     for pid in pids:
@@ -536,9 +524,15 @@ def test_every_preset_is_a_valid_run(preset):
 
 
 @pytest.mark.slow
-def test_a_compiled_run_trains_as_the_eager_one(small_corpus, tmp_path):
+def test_a_compiled_ddp_run_trains_as_the_eager_one(small_corpus, tmp_path):
+    # the GPU's path on a CPU: torchrun, DDP (gloo, one rank), torch.compile (inductor) of the
+    # wrapped model for training and for val
     train(small_corpus, tmp_path / "eager", max_steps=4)
-    train(small_corpus, tmp_path / "compiled", max_steps=4, compile="true")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command += ["--local-addr=127.0.0.1", "--nproc_per_node=1", str(ROOT / "train_gpt2.py")]
+    command += tiny_flags(small_corpus, tmp_path / "compiled", max_steps=4, compile="true")
+    proc = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
     eager = read_log(tmp_path / "eager")
     compiled = read_log(tmp_path / "compiled")
     for kind in ("train", "val"):
