@@ -28,6 +28,7 @@ STAGES = [
     "step_B2",
     "step_B1",
     "val",
+    "val_eager",
     "hellaswag",
     "sample",
     "checkpoint",
@@ -100,6 +101,8 @@ def test_cpu_smoke_records_every_stage_and_writes_the_table(tmp_path):
     assert by_name["val"]["tokens"] == 8 * 4 * 32
     assert by_name["hellaswag"]["n"] == 16
     assert 0 < by_name["eval_share"]["share"]
+    assert by_name["val_eager"]["loss"] == pytest.approx(by_name["val"]["loss"], rel=1e-5)
+    assert set(by_name["eval_share"]["shares"]) == {"compiled", "eager"}
     for name in ("train", "resume"):
         assert all(by_name[name]["found"].values()), by_name[name]
     log_dir = run_dir / "train_log"
@@ -140,7 +143,7 @@ def test_only_the_chosen_stages_run(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     entries = {e["stage"]: e for e in results(runs(tmp_path)[0])[1:]}
     ran = [name for name, e in entries.items() if e["status"] == "ok"]
-    assert ran == ["preflight", "val", "hellaswag", "sample", "checkpoint"]
+    assert ran == ["preflight", "val", "val_eager", "hellaswag", "sample", "checkpoint"]
     # stage d builds the warm model itself; eval_share needs stage c's step
     assert entries["eval_share"]["reason"] == "needs step_B4, which did not run or failed"
     assert entries["train"]["reason"] == "not in --stages"
