@@ -154,10 +154,14 @@ def peak_mib(device):
 
 
 def flops_per_token(model, T):
-    # train_gpt2.py's count: 6 FLOPs per weight and token (forward and
-    # backward; the position table is a lookup) plus attention's
+    # 6 FLOPs per weight and token (forward and backward) plus attention's;
+    # an embedding table only read by lookups (the position table; the
+    # token table if the head is untied) does no matmul
+    head = model.lm_head.weight
     n = sum(p.numel() for p in model.parameters())
-    n -= model.transformer.wpe.weight.numel()
+    for m in model.modules():
+        if isinstance(m, torch.nn.Embedding) and m.weight is not head:
+            n -= m.weight.numel()
     c = model.config
     return 6 * n + 12 * c.n_layer * c.n_embd * T
 

@@ -310,9 +310,11 @@ def small_val_size(n, starts):
 
 # write(f) into a temp file beside path, fsync, rename over path: path is then
 # the whole new file, or what it was. A failed write (a full disk) leaves no
-# temp file behind, and its OSError names path.
-def write_atomic(path, write):
-    tmp = path.with_name(f".{path.name}.tmp")
+# temp file behind, and its OSError names path. The temp name is fixed (a
+# rerun writes over what a killed run left), or with unique, the process's
+# own: for a file two programs may write at once.
+def write_atomic(path, write, unique=False):
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid() if unique else ''}")
     try:
         with open(tmp, "wb") as f:
             write(f)

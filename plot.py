@@ -11,16 +11,18 @@ metric needs no code here. GPT-2 124M's reference lines
 are drawn for a run on FineWeb-Edu only (the last line of
 runs.jsonl names the run's data): elsewhere they mislead.
 
-Imports only the standard library (matplotlib when it
-draws), never train_gpt2, which imports this module.
+Imports the standard library and fineweb (its atomic write;
+matplotlib when it draws), never train_gpt2, which imports
+this module.
 """
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
+
+import fineweb
 
 # the panel a kind is drawn on (by default its own)
 PANELS = {"train": "loss", "val": "loss", "hella": "HellaSwag acc_norm"}
@@ -126,15 +128,8 @@ def write_curves(log_dir, out=None, references=None, warn=None):
     if references is None:
         references = run_dataset(log_dir) == "fineweb-edu"
     fig = figure(series, REFERENCES if references else None)
-    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            fig.savefig(f, format="png", dpi=100)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
+    # the trainer and a plot.py run may write it at the same moment
+    fineweb.write_atomic(out, lambda f: fig.savefig(f, format="png", dpi=100), unique=True)
     return out
 
 

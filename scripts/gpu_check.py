@@ -473,13 +473,9 @@ def stage_step(check, B):
     compile_s = timed(train_step, warm, x, y, 0)[1]
     times = [timed(train_step, warm, x, y, s)[1] for s in range(1, check.sizes["steps"] + 1)]
     ms = 1000 * statistics.median(times)
-    raw = warm["raw"]
-    # the trainer's FLOPs a token: 6 a weight (not the position table's) plus attention's
-    n_matmul = sum(p.numel() for p in raw.parameters()) - raw.transformer.wpe.weight.numel()
-    flops_per_token = 6 * n_matmul + 12 * raw.config.n_layer * raw.config.n_embd * T
     tok_per_s = B * T / ms * 1000
     peak = bench.peak_flops(check.device)
-    mfu = flops_per_token * tok_per_s / peak if peak else None
+    mfu = bench.flops_per_token(warm["raw"], T) * tok_per_s / peak if peak else None
     memory = peak_gib(check)
     if B == check.sizes["batches"][-1]:
         warm_marker(check.out).touch()  # every batch size of stage c compiled
@@ -620,8 +616,8 @@ def stage_checkpoint(check):
 
 def stage_eval_share(check):
     # The recipe on 8 GPUs: each GPU scores 1/8 of val and of HellaSwag at every evaluation
-    # (steps 0, 500, ..., and the last), and trains one B=64 micro-step a step. The eval-mode
-    # compile is paid once a run; with val through the eager model, not at all.
+    # (every eval_interval steps and at the end) and trains one B=64 micro-step a step. The
+    # eval-mode compile is paid once a run; with val through the eager model, not at all.
     recipe = train_gpt2.TrainConfig()
     evaluations = len(range(0, recipe.max_steps, recipe.eval_interval)) + 1
     step = find_result(check, f"step_B{check.sizes['batches'][0]}")

@@ -127,3 +127,21 @@ def test_the_table_leaves_missing_values_blank():
     assert first == ["train B=64: out of memory", "64 x 1024", "", "", "", "", ""]
     second = [cell.strip() for cell in lines[3].strip("|").split("|")]
     assert second == ["a", "1 x 2", "2.00", "1,000", "50.0%", "", ""]
+
+
+@pytest.mark.gpt2_contract
+def test_flops_per_token_of_gpt2_124m():
+    # 6 x (124,475,904 weights, padded vocab, less the 786,432 of the position table, a lookup)
+    # + 12 x 12 layers x 768 x 1024 for attention
+    with torch.device("meta"):
+        model = GPT(GPTConfig(vocab_size=50304))
+    assert bench.flops_per_token(model, 1024) == 6 * 123_689_472 + 12 * 12 * 768 * 1024
+
+
+def test_flops_per_token_counts_an_untied_token_table_as_a_lookup():
+    with torch.device("meta"):
+        model = GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=1, n_head=2, n_embd=8))
+    tied = bench.flops_per_token(model, 16)
+    model.lm_head.weight = torch.nn.Parameter(torch.empty(64, 8, device="meta"))
+    # the head's matmul counts once; the token table, now only looked up, does not
+    assert bench.flops_per_token(model, 16) == tied
