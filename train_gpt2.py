@@ -42,10 +42,13 @@ def exit_quietly(signum, frame):
 
 
 # A signal the program was started ignoring (nohup's SIGHUP) stays ignored, here and in train().
+# While torch loads, the signals wait (blocked), and a request is taken once it has loaded: an
+# exception raised inside torch's C++ start-up would abort the process (SIGABRT, a core dump).
 if __name__ == "__main__":
     for sig in STOP_SIGNALS:
         if signal.getsignal(sig) != signal.SIG_IGN:
             signal.signal(sig, exit_quietly)
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
 
 import numpy as np
 import torch
@@ -56,6 +59,9 @@ import torch.nn.functional as F
 import fineweb
 import hellaswag
 import plot
+
+if __name__ == "__main__":
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 # -----------------------------------------------------------------------------
 # Configuration

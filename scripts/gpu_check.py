@@ -20,8 +20,10 @@ Stages, in order (stages() has each one's estimated seconds on an H200):
   f  the table of it all (table.md, printed)
 
 Time: --deadline (510 s) counts from the start. A stage whose estimate is more than the time
-left is skipped (recorded so, with the reason); one still running at the deadline is cut off.
-A stage that fails records its error, and the next one runs. --stages picks groups (b to e).
+left is skipped (recorded so, with the reason); one still running at the deadline is cut off
+(an exception raised where it runs: should that be inside torch's C++, the process may abort,
+and results.jsonl and table.md still hold every stage that ended). A stage that fails records
+its error, and the next one runs. --stages picks groups (b to e).
 
 Output: --out DIR, else $GPU_CHECK_OUT, else out/gpu_check (git ignores out/). Each run writes
 DIR/run_{date}_{time}/results.jsonl (a JSON line a stage, appended and synced as it ends) and
@@ -64,10 +66,13 @@ def stop_at_start(signum, frame):
 
 
 if __name__ == "__main__":
-    # a stop request while torch loads: one line (a signal ignored at start stays so)
+    # a stop request while torch loads: one line (a signal ignored at start stays so), once torch
+    # has loaded (until then the signals wait, blocked: raised inside its C++ start-up, the
+    # exception would abort the process)
     for sig in STOP_SIGNALS:
         if signal.getsignal(sig) != signal.SIG_IGN:
             signal.signal(sig, stop_at_start)
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
 
 sys.path.insert(0, str(ROOT))
 try:
@@ -82,6 +87,9 @@ try:
     import train_gpt2
 except ImportError as e:
     sys.exit(f"{PROG}: error: {sys.executable} cannot import {e.name}: use the python with torch")
+
+if __name__ == "__main__":
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 SEED = 1337
 PROMPT = "Hello, I'm a language model,"

@@ -110,6 +110,33 @@ def run_program(program, args, timeout=300, env=None, cwd=ROOT):
     )
 
 
+# python PROGRAM ARGS as __main__, which sends itself SIGTERM the moment it starts to import
+# torch; at exit it prints whether torch had loaded
+SIGTERM_AT_TORCH_IMPORT = """
+import atexit, os, runpy, signal, sys
+
+class SigtermAtTorchImport:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+atexit.register(lambda: print("torch loaded:", "torch" in sys.modules))
+sys.meta_path.insert(0, SigtermAtTorchImport())
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def run_with_sigterm_at_torch_import(program, args=()):
+    """A stop request in the middle of torch's import: a program must take it only once torch
+    has loaded (an exception raised inside torch's C++ start-up aborts the process)."""
+    command = [sys.executable, "-c", SIGTERM_AT_TORCH_IMPORT, str(ROOT / program), *args]
+    return subprocess.run(
+        command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=120
+    )
+
+
 def flags(**values):
     """--name value flags, in the order given."""
     out = []

@@ -16,7 +16,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, child_env, read_log, run_program, tiny_config, tiny_flags
+from conftest import (
+    ROOT,
+    child_env,
+    read_log,
+    run_program,
+    run_with_sigterm_at_torch_import,
+    tiny_config,
+    tiny_flags,
+)
 from gpu_check import descendants
 
 import fineweb
@@ -349,6 +357,15 @@ def test_the_printed_command_continues_the_run(char_corpus, tmp_path):
     again.send_signal(signal.SIGTERM)
     assert finish(again)[0] == 0
     assert train_gpt2.find_checkpoints(log_dir)[-1][0] > stopped_at
+
+
+def test_a_stop_request_while_torch_loads_waits_for_it_then_exits_0():
+    # taken at once, it would land in torch's C++ start-up (torch.distributed's c10d init),
+    # which aborts the process: SIGABRT and pybind11's "terminate called" on stderr
+    proc = run_with_sigterm_at_torch_import("train_gpt2.py")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    assert proc.stdout == "torch loaded: True\n"
 
 
 def test_stop_requests_at_any_moment_leave_a_whole_checkpoint(small_corpus, tmp_path):
