@@ -25,7 +25,7 @@ from conftest import (
     tiny_config,
     tiny_flags,
 )
-from gpu_check import descendants
+from gpu_check import descendants, stop_group
 
 import fineweb
 import train_gpt2
@@ -282,9 +282,11 @@ def test_wandb_gets_every_metric_and_a_resume_continues_its_run(
 # Real processes: stop signals, kills, DDP, the command line
 
 
-def start(args, env=None, **popen):
-    # the output goes to files: a pipe nobody reads would fill and stop the run
-    command = [sys.executable, str(ROOT / "train_gpt2.py")] + [str(a) for a in args]
+def start(args, env=None, program=None, **popen):
+    # program: the command before args (default: python train_gpt2.py); the output goes to
+    # files: a pipe nobody reads would fill and stop the run
+    program = program or [sys.executable, str(ROOT / "train_gpt2.py")]
+    command = program + [str(a) for a in args]
     out = tempfile.TemporaryFile("w+")
     err = tempfile.TemporaryFile("w+")
     env = env or child_env()
@@ -470,6 +472,48 @@ def test_ddp_over_two_ranks_equals_one_process_and_resumes_bit_exactly(small_cor
     resumed = tmp_path / "resumed"
     torchrun(resumed, resume=two / "model_00006.pt")
     assert_same_state(checkpoint(two, 12), checkpoint(resumed, 12))
+
+
+# train_gpt2.py as a researcher may edit it: the GPT holds a buffer (as a RoPE table would)
+WITH_A_BUFFER = """
+import sys
+import torch
+import train_gpt2
+
+build = train_gpt2.GPT.__init__
+
+
+def build_with_a_buffer(self, config):
+    build(self, config)
+    self.register_buffer("scale", torch.ones(1), persistent=False)
+
+
+train_gpt2.GPT.__init__ = build_with_a_buffer
+train_gpt2.main(sys.argv[1:])
+"""
+
+
+def test_ddp_evaluates_a_model_with_buffers_on_more_ranks_than_val_batches(small_corpus, tmp_path):
+    # one val batch, two ranks: rank 1 scores none; were the buffer broadcast at each forward
+    # (DDP's default), rank 0 would wait for rank 1 forever
+    program = tmp_path / "with_a_buffer.py"
+    program.write_text(WITH_A_BUFFER)
+    short = dict(max_steps=4, val_tokens=64, eval_interval=2)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    args = tiny_flags(small_corpus, tmp_path / "two", **short)
+    env = child_env(PYTHONPATH=str(ROOT))
+    proc = start(args, env, torchrun + [str(program)], start_new_session=True)
+    try:
+        proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        stop_group(proc, grace=1)  # the launcher and its ranks
+        raise AssertionError(f"a rank hangs: {finish(proc)}") from None
+    returncode, _, err = finish(proc)
+    assert returncode == 0, err[-3000:]
+    # the buffer is not used: the val losses of GPT-2 in one process
+    train(small_corpus, tmp_path / "one", **short)
+    theirs = read_log(tmp_path / "one")["val"]
+    assert read_log(tmp_path / "two")["val"] == pytest.approx(theirs, rel=1e-5)
 
 
 BAD_INPUTS = [
