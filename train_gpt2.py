@@ -43,7 +43,7 @@ def exit_quietly(signum, frame):
 
 # A signal the program was started ignoring (nohup's SIGHUP) stays ignored, here and in train().
 # While torch loads, the signals wait (blocked), and a request is taken once it has loaded: an
-# exception raised inside torch's C++ start-up would abort the process (SIGABRT, a core dump).
+# exception raised inside torch's C++ start-up would abort the process (SIGABRT).
 if __name__ == "__main__":
     for sig in STOP_SIGNALS:
         if signal.getsignal(sig) != signal.SIG_IGN:
