@@ -34,11 +34,13 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
 
 def exit_quietly(signum, frame):
     # A stop request before train() takes the signals over (while torch loads) ends the program:
-    # nothing is written yet. Later ones are ignored: Python's shutdown would hand the signals
-    # back their default action, which kills the process.
+    # nothing is written yet. Exit status 0; a rank of a torchrun launch, maybe stopped alone,
+    # exits 128 + signum, so that torchrun ends the other ranks instead of leaving them waiting.
+    # Later requests are ignored: Python's shutdown would hand the signals back their default
+    # action, which kills the process.
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
-    sys.exit(0)
+    sys.exit(128 + signum if signum and "RANK" in os.environ else 0)
 
 
 # A signal the program was started ignoring (nohup's SIGHUP) stays ignored, here and in train().
@@ -471,11 +473,10 @@ class DataLoaderLite:
         self.shuffle = shuffle
         self.seed = seed
         self.device = device
-        # the fewest windows an epoch can hold: on a grid moved by B*T - 1 (shuffle)
-        if len(windows(shards, B * T, B * T - 1 if shuffle else 0)) < world:
-            raise ValueError(
-                f"the shards hold fewer windows of B x T + 1 tokens than ranks ({world})"
-            )
+        # the fewest windows an epoch can hold: on a grid moved by B*T - 1 (shuffle); with fewer
+        # than ranks, a step reads on into the next epoch
+        if not len(windows(shards, B * T, B * T - 1 if shuffle else 0)):
+            raise ValueError("the shards hold no window of B x T + 1 tokens: lower B or T")
         self.epoch = 0
         self.pos = 0  # windows of this epoch the world has read
 
@@ -803,7 +804,11 @@ def run(cfg, stop, ddp, rank, world_size, device, log):
     if cfg.eval_interval and cfg.val_tokens >= len(val_shard):
         raise ValueError(f"--val_tokens {cfg.val_tokens:,} is more than the val split holds")
     bytes_of_val = int(fineweb.token_byte_lengths(enc)[val_shard[1 : cfg.val_tokens + 1]].sum())
-    val_loader = DataLoaderLite([val_shard], B, T, rank, world_size, device=device)
+    val_loader = (
+        DataLoaderLite([val_shard], B, T, rank, world_size, device=device)
+        if cfg.eval_interval
+        else None
+    )
     train_loader = DataLoaderLite(
         train_shards, B, T, rank, world_size, cfg.shuffle, cfg.seed, device
     )
@@ -909,7 +914,6 @@ def run(cfg, stop, ddp, rank, world_size, device, log):
     if cfg.compile == "true" or (cfg.compile == "auto" and device_type == "cuda"):
         # after DDP: dynamo splits the graph at DDP's buckets, so all-reduces overlap backward
         model = torch.compile(model)
-    fixed_batch = train_loader.next_batch() if cfg.overfit_batch else None
     val_loss = None
     stopping = False
     for step in range(start_step, cfg.max_steps + 1):
@@ -976,10 +980,13 @@ def run(cfg, stop, ddp, rank, world_size, device, log):
 
         # one optimization step: grad_accum_steps micro-steps of B x T tokens
         t0 = time.time()
+        if cfg.overfit_batch:
+            # the run's first batch at every step, on any number of ranks and after a resume
+            train_loader.load_state_dict({"epoch": 0, "pos": 0})
         model.zero_grad(set_to_none=True)
         loss_accum = torch.zeros((), device=device)
         for micro_step in range(grad_accum_steps):
-            x, y = fixed_batch if cfg.overfit_batch else train_loader.next_batch()
+            x, y = train_loader.next_batch()
             if ddp:
                 # all-reduce the gradients only after the last micro-step's backward
                 model.require_backward_grad_sync = micro_step == grad_accum_steps - 1
@@ -1081,13 +1088,11 @@ def parse_args(argv):
 def continue_command(argv):
     # the command that continues a stopped run, shell-quoted: its flags, then --resume auto
     # (the last --resume wins); under torchrun, on one node (several: each with its own flags)
-    launcher = ["python"]
-    if "LOCAL_WORLD_SIZE" in os.environ:
-        launcher = [
-            "torchrun",
-            "--standalone",
-            f"--nproc_per_node={os.environ['LOCAL_WORLD_SIZE']}",
-        ]
+    launcher = (
+        ["torchrun", "--standalone", f"--nproc_per_node={os.environ['LOCAL_WORLD_SIZE']}"]
+        if "LOCAL_WORLD_SIZE" in os.environ
+        else ["python"]
+    )
     return shlex.join(launcher + [os.path.relpath(__file__), *argv, "--resume", "auto"])
 
 

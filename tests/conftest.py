@@ -110,8 +110,9 @@ def run_program(program, args, timeout=300, env=None, cwd=ROOT):
     )
 
 
-# python PROGRAM ARGS as __main__, which sends itself SIGTERM the moment it starts to import
-# torch; at exit it prints whether torch had loaded
+# python -c THIS PROGRAM ARGS (or python THIS.py PROGRAM ARGS) runs PROGRAM as __main__, which
+# sends itself SIGTERM the moment it starts to import torch (under torchrun: the rank named by
+# SIGTERM_RANK alone); at exit it prints whether torch had loaded
 SIGTERM_AT_TORCH_IMPORT = """
 import atexit, os, runpy, signal, sys
 
@@ -122,8 +123,10 @@ class SigtermAtTorchImport:
             os.kill(os.getpid(), signal.SIGTERM)
 
 atexit.register(lambda: print("torch loaded:", "torch" in sys.modules))
-sys.meta_path.insert(0, SigtermAtTorchImport())
+if os.environ.get("RANK", "0") == os.environ.get("SIGTERM_RANK", "0"):
+    sys.meta_path.insert(0, SigtermAtTorchImport())
 sys.argv = sys.argv[1:]
+sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))  # as python PROGRAM has it
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
 

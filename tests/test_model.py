@@ -144,10 +144,12 @@ def test_an_epoch_reads_every_window_once(shuffle):
 
 @pytest.mark.parametrize("shuffle", [False, True])
 @pytest.mark.parametrize("world", [2, 3])
-def test_the_world_reads_what_one_process_reads(shuffle, world):
+@pytest.mark.parametrize("sizes", [[600, 410, 970], [40]], ids=["shards", "fewer windows"])
+def test_the_world_reads_what_one_process_reads(shuffle, world, sizes):
     # rank r takes the r-th of every `world` batches: together, across epoch boundaries too,
-    # the ranks read exactly one process's batches
-    shards = token_shards([600, 410, 970], seed=1)
+    # the ranks read exactly one process's batches; with fewer windows than ranks (one or two
+    # of 40 tokens), a step reads on into the next epochs
+    shards = token_shards(sizes, seed=1)
     one = DataLoaderLite(shards, 2, 8, shuffle=shuffle, seed=5)
     ranks = [DataLoaderLite(shards, 2, 8, r, world, shuffle, seed=5) for r in range(world)]
     for _ in range(150):
@@ -158,6 +160,11 @@ def test_the_world_reads_what_one_process_reads(shuffle, world):
     assert one.epochs_read() > 2
     # targets are the inputs shifted by one token
     assert torch.equal(x.flatten()[1:], y.flatten()[:-1])
+
+
+def test_a_loader_without_a_window_is_refused_in_one_line():
+    with pytest.raises(ValueError, match="no window of B x T \\+ 1 tokens"):
+        DataLoaderLite(token_shards([16]), 2, 8)
 
 
 def test_a_loader_state_resumes_mid_epoch_and_across_epochs():

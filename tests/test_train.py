@@ -18,6 +18,7 @@ import pytest
 import torch
 from conftest import (
     ROOT,
+    SIGTERM_AT_TORCH_IMPORT,
     child_env,
     read_log,
     run_program,
@@ -59,6 +60,26 @@ def test_overfitting_one_batch_drives_the_loss_to_zero(char_corpus, tmp_path):
     train(char_corpus, tmp_path, eval_interval=0, ckpt_interval=0, **overrides)
     losses = read_log(tmp_path)["train"]
     assert losses[99] < 0.05 * losses[0]
+
+
+def test_overfit_batch_is_the_first_batch_on_any_number_of_ranks_and_after_a_resume(
+    small_corpus, tmp_path
+):
+    # the first step's batch at every step: one process reads its 2 windows in 2 micro-steps,
+    # two ranks one each, a resumed run the same
+    overfit = dict(overfit_batch=True, max_steps=6, ckpt_interval=3)
+    one = tmp_path / "one"
+    train(small_corpus, one, **overfit)
+    resumed = tmp_path / "resumed"
+    train(small_corpus, resumed, resume=one / "model_00003.pt", **overfit)
+    assert_same_state(checkpoint(one, 6), checkpoint(resumed, 6))
+    assert read_log(resumed)["train"] == {s: v for s, v in read_log(one)["train"].items() if s >= 3}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    command += [str(ROOT / "train_gpt2.py")] + tiny_flags(small_corpus, tmp_path / "two", **overfit)
+    proc = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for kind in ("train", "norm"):
+        assert read_log(tmp_path / "two")[kind] == pytest.approx(read_log(one)[kind], rel=1e-5)
 
 
 @pytest.mark.parametrize(
@@ -514,6 +535,36 @@ def test_ddp_evaluates_a_model_with_buffers_on_more_ranks_than_val_batches(small
     train(small_corpus, tmp_path / "one", **short)
     theirs = read_log(tmp_path / "one")["val"]
     assert read_log(tmp_path / "two")["val"] == pytest.approx(theirs, rel=1e-5)
+
+
+def test_without_evaluation_the_val_split_may_hold_less_than_a_batch(small_corpus, tmp_path):
+    manifest = fineweb.load_corpus(small_corpus)
+    val_tokens = sum(s["tokens"] for s in manifest["shards"] if s["split"] == "val")
+    B = val_tokens // 16 + 1  # a batch of B x 16 tokens: more than the val split
+    sizes = dict(batch_size=B, total_batch_size=B * 16, val_tokens=B * 16, max_steps=2)
+    result, _ = train(small_corpus, tmp_path, eval_interval=0, **sizes)
+    assert result["step"] == 2 and sorted(read_log(tmp_path)["train"]) == [0, 1]
+
+
+@pytest.mark.slow
+def test_a_rank_stopped_alone_while_torch_loads_ends_the_launch(small_corpus, tmp_path):
+    # SIGTERM to rank 1 alone, at start-up: it exits 128 + 15, and torchrun ends rank 0 (waiting
+    # for rank 1 in the rendezvous) instead of leaving it there; with exit status 0, rank 0 waited
+    # for good
+    program = tmp_path / "sigterm_at_torch_import.py"
+    program.write_text(SIGTERM_AT_TORCH_IMPORT)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    torchrun += [str(program), str(ROOT / "train_gpt2.py")]
+    args = tiny_flags(small_corpus, tmp_path / "log")
+    proc = start(args, child_env(SIGTERM_RANK="1"), torchrun, start_new_session=True)
+    try:
+        proc.wait(timeout=150)
+    except subprocess.TimeoutExpired:
+        stop_group(proc, grace=1)  # the launcher and its ranks
+        raise AssertionError(f"the launch hangs: {finish(proc)}") from None
+    returncode, _, err = finish(proc)
+    assert returncode == 1, err[-3000:]
+    assert "exitcode  : 143" in err
 
 
 BAD_INPUTS = [
