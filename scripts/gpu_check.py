@@ -786,6 +786,8 @@ def stage_train(check, resume):
     loop_ms = statistics.median(v for s, v in ms.items() if s > first)
     micro = spec["total"] // (spec["B"] * spec["T"])
     step = find_result(check, f"step_B{spec['B']}", required=False)
+    # against micro x stage c's step, each with its optimizer step where the loop has one: the
+    # overhead reads low by an optimizer step's share (a few ms of a 124M step)
     overhead = step and loop_ms / (micro * step["ms"]) - 1
     ckpt = check.run_dir / "train_log" / f"model_{last:05d}.pt"
     found = dict(val="val" in log, hella="hella" in log, sample="sample 0: " in output)
