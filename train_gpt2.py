@@ -854,10 +854,6 @@ def run(cfg, stop, ddp, rank, world_size, device, log):
                 {"state": saved["state"], "param_groups": opt.state_dict()["param_groups"]}
             )
         train_loader.load_state_dict(ckpt["loader"])
-        # every rank drew the same random numbers (one seed): rank 0's state is everyone's
-        torch.set_rng_state(ckpt["rng"]["cpu"])
-        if ckpt["rng"]["cuda"] is not None and device_type == "cuda":
-            torch.cuda.set_rng_state(ckpt["rng"]["cuda"], device)
         start_step = ckpt["step"]
         history = ckpt["spike_history"]
         # the same log_dir: the same run goes on, its wandb run too
@@ -930,10 +926,6 @@ def run(cfg, stop, ddp, rank, world_size, device, log):
                 "step": step,
                 "val_loss": val_loss,
                 "loader": train_loader.state_dict(),
-                "rng": {
-                    "cpu": torch.get_rng_state(),
-                    "cuda": torch.cuda.get_rng_state(device) if device_type == "cuda" else None,
-                },
                 "spike_history": history,
                 "data": data,
                 "tokenizer": data["tokenizer"],
@@ -987,6 +979,9 @@ def run(cfg, stop, ddp, rank, world_size, device, log):
         loss_accum = torch.zeros((), device=device)
         for micro_step in range(grad_accum_steps):
             x, y = train_loader.next_batch()
+            # dropout's random numbers are the window's (the run's n-th read): the same on any
+            # number of ranks and after a resume, with no random state to save
+            torch.manual_seed(cfg.seed + (step * grad_accum_steps + micro_step) * world_size + rank)
             if ddp:
                 # all-reduce the gradients only after the last micro-step's backward
                 model.require_backward_grad_sync = micro_step == grad_accum_steps - 1

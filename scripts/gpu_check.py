@@ -597,10 +597,6 @@ def stage_checkpoint(check):
         "step": 0,
         "val_loss": None,
         "loader": {"epoch": 0, "pos": 0},
-        "rng": {
-            "cpu": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state() if check.cuda else None,
-        },
         "spike_history": [],
         "data": {"tokenizer": info, "fingerprint": "synthetic"},
         "tokenizer": info,

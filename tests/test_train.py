@@ -52,7 +52,6 @@ def assert_same_state(a, b):
             for name, value in state.items():
                 assert torch.equal(value, opt_b["state"][i][name]), (i, name)
     assert a["loader"] == b["loader"] and a["step"] == b["step"]
-    assert torch.equal(a["rng"]["cpu"], b["rng"]["cpu"])
 
 
 def test_overfitting_one_batch_drives_the_loss_to_zero(char_corpus, tmp_path):
@@ -473,13 +472,15 @@ def test_a_run_started_with_nohup_trains_through_hangups(small_corpus, tmp_path)
 
 @pytest.mark.slow
 def test_ddp_over_two_ranks_equals_one_process_and_resumes_bit_exactly(small_corpus, tmp_path):
+    # with dropout: its random numbers are each window's, whichever rank reads it
+    run = dict(max_steps=12, ckpt_interval=6, dropout=0.1)
     one = tmp_path / "one"
-    train(small_corpus, one, max_steps=12, ckpt_interval=6)
+    train(small_corpus, one, **run)
 
     def torchrun(log_dir, **overrides):
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
         command += ["--nproc_per_node=2", str(ROOT / "train_gpt2.py")]
-        command += tiny_flags(small_corpus, log_dir, max_steps=12, ckpt_interval=6, **overrides)
+        command += tiny_flags(small_corpus, log_dir, **run, **overrides)
         proc = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr[-3000:]
 
