@@ -119,14 +119,13 @@ def download_val():
             repo_type="dataset",
             revision="refs/convert/parquet",
         )
-    except LocalEntryNotFoundError:
-        # offline (HF_HUB_OFFLINE=1) or no network, and not cached
+    except (LocalEntryNotFoundError, HfHubHTTPError) as e:
+        # offline (HF_HUB_OFFLINE=1) or no network, and not cached; or the hub said no
         raise ValueError(
             "HellaSwag's val split is not in the Hugging Face cache, and the hub"
-            " is out of reach: pass --data FILE (.jsonl or .parquet), or go online"
+            f" is out of reach ({type(e).__name__}): pass a local copy (.jsonl or"
+            " .parquet) with hellaswag.py --data FILE or train_gpt2.py --hellaswag_data FILE"
         ) from None
-    except HfHubHTTPError as e:
-        raise ValueError(f"downloading HellaSwag failed ({e}); pass --data FILE") from None
 
 
 def load_examples(data=None, limit=0):

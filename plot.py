@@ -156,6 +156,9 @@ def main(argv=None):
     parser.add_argument("log_dir", help="a training run's log_dir")
     parser.add_argument("--out", help="the PNG (default LOG_DIR/curves.png)")
     args = parser.parse_args(argv)
+    # a PNG, never another file (the run's log.txt) written over
+    if args.out and not args.out.lower().endswith(".png"):
+        parser.error(f"--out {args.out}: give a .png file")
     try:
         out = write_curves(
             args.log_dir,
@@ -164,6 +167,8 @@ def main(argv=None):
         )
     except (OSError, ValueError, ImportError) as e:
         sys.exit(f"plot.py: error: {e}")
+    except KeyboardInterrupt:
+        sys.exit(f"plot.py: stopped; {args.out or 'curves.png'} is as it was")
     print(f"wrote {out}")
 
 

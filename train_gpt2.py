@@ -138,7 +138,11 @@ class TrainConfig:
                 min(self.n_layer, self.n_head, self.n_embd, self.batch_size, self.seq_len) > 0,
                 "--n_layer, --n_head, --n_embd, --batch_size, --seq_len must be > 0",
             ),
-            (self.max_steps and self.max_lr and self.sample_length, "a positive flag is 0"),
+            (
+                self.max_steps and self.max_lr and self.sample_length and self.total_batch_size,
+                "--max_steps, --max_lr, --sample_length, --total_batch_size must be > 0",
+            ),
+            (self.muon_lr or self.optimizer != "muon", "--optimizer muon needs --muon_lr > 0"),
             (self.n_embd % self.n_head == 0, "--n_embd must be a multiple of --n_head"),
             (
                 self.total_batch_size % (self.batch_size * self.seq_len) == 0,
@@ -841,6 +845,8 @@ def run(cfg, stop, ddp, rank, world_size, device, log):
     if ddp:
         dist.broadcast_object_list(chosen)
     path = chosen[0]
+    # a checkpoint of this log_dir: the same run goes on (its wandb run too)
+    ours = path is not None and path.resolve().parent == log_dir.resolve()
     start_step = 0
     history = []  # (loss, norm) of the recent updates, for --skip_spikes
     wandb_id = None
@@ -856,20 +862,20 @@ def run(cfg, stop, ddp, rank, world_size, device, log):
         train_loader.load_state_dict(ckpt["loader"])
         start_step = ckpt["step"]
         history = ckpt["spike_history"]
-        # the same log_dir: the same run goes on, its wandb run too
-        wandb_id = ckpt["wandb_id"] if path.resolve().parent == log_dir.resolve() else None
+        wandb_id = ckpt["wandb_id"] if ours else None
         log(f"resumed from {path} at step {start_step}")
 
-    # log_dir holds nothing later than this run's start (a run never writes over another's);
+    # log_dir holds nothing later than this run's start (a run never writes over another's),
     # then the run's record and its metrics' sinks
     wandb_run = None
     if master_process:
-        later = [p for s, p in find_checkpoints(log_dir) if s > start_step]
-        if later and cfg.resume != "auto":
+        # nor, unless the run continues them, any other (--keep_last would delete them)
+        clash = [p for s, p in find_checkpoints(log_dir) if s > start_step or not ours]
+        if clash and cfg.resume != "auto":
             raise ValueError(
-                f"{log_dir} holds checkpoints up to {later[-1].name}, later than this run's"
-                f" start (step {start_step}): continue them with --resume auto, or pass a new"
-                " --log_dir"
+                f"{log_dir} holds checkpoints up to {clash[-1].name}, which this run (from step"
+                f" {start_step}) does not continue: continue them with --resume auto, or pass a"
+                " new --log_dir"
             )
         if cfg.wandb_project:
             import wandb

@@ -521,7 +521,7 @@ BAD_INPUTS = {
     "malformed data": (["--data", "{tmp}/bad.jsonl"], "bad.jsonl:2: label 7 is not 0..3"),
     "offline, nothing cached": (
         [],
-        "is out of reach: pass --data FILE (.jsonl or .parquet), or go",
+        "pass a local copy (.jsonl or .parquet) with hellaswag.py --data FILE",
     ),
 }
 # name: (the signals sent, one after the other; those the program starts ignoring)

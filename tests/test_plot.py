@@ -176,6 +176,7 @@ def test_cli_draws_and_warns_and_never_loads_pyplot(tmp_path):
         (("{d}/empty",), "holds no metrics yet"),
         (("{d}/fifo",), "no log.txt file at"),  # reading a FIFO would hang
         (("{d}/run", "--out", "{d}/no_dir/c.png"), "No such file or directory"),
+        (("{d}/run", "--out", "{d}/run/log.txt"), "--out {d}/run/log.txt: give a .png file"),
     ],
 )
 def test_cli_bad_input_is_one_line(tmp_path, args, message):
@@ -187,4 +188,5 @@ def test_cli_bad_input_is_one_line(tmp_path, args, message):
     result = run_plot(*(a.format(d=tmp_path) for a in args))
     assert result.returncode != 0
     assert result.stderr.startswith("plot.py: error: ")
-    assert result.stderr.count("\n") == 1 and message in result.stderr
+    assert result.stderr.count("\n") == 1 and message.format(d=tmp_path) in result.stderr
+    assert (tmp_path / "run" / "log.txt").read_text().startswith("0 "), "the log was written over"

@@ -163,14 +163,21 @@ def test_a_resume_onto_other_data_is_refused(small_corpus, char_corpus, tmp_path
         train(char_corpus, tmp_path / "b", max_steps=12, resume=source)
 
 
-def test_a_run_never_writes_over_later_checkpoints(small_corpus, tmp_path):
+def test_a_run_never_writes_over_or_prunes_checkpoints_it_does_not_continue(small_corpus, tmp_path):
+    train(small_corpus, tmp_path / "other", max_steps=16, ckpt_interval=16)
+    later_checkpoint = tmp_path / "other" / "model_00016.pt"
     train(small_corpus, tmp_path, max_steps=12, ckpt_interval=4)
-    with pytest.raises(ValueError, match="later than this run's start"):
+    with pytest.raises(ValueError, match="which this run .from step 0. does not continue"):
         train(small_corpus, tmp_path, max_steps=12)
     with pytest.raises(ValueError, match="--resume auto"):
         train(small_corpus, tmp_path, max_steps=12, resume=tmp_path / "model_00004.pt")
     # the same checkpoint into a new log_dir branches off cleanly, the old one untouched
     train(small_corpus, tmp_path / "branch", resume=tmp_path / "model_00004.pt", max_steps=12)
+    assert [s for s, _ in train_gpt2.find_checkpoints(tmp_path)] == [4, 8, 12]
+    # another run's checkpoint into this log_dir, even from a later step: --keep_last would
+    # delete this run's checkpoints
+    with pytest.raises(ValueError, match="up to model_00012.pt, which this run .from step 16"):
+        train(small_corpus, tmp_path, max_steps=20, keep_last=1, resume=later_checkpoint)
     assert [s for s, _ in train_gpt2.find_checkpoints(tmp_path)] == [4, 8, 12]
 
 
@@ -580,6 +587,8 @@ BAD_INPUTS = [
     (["--val_tokens", "1280000"], "val split"),
     (["--total_batch_size", "96"], "multiple of --batch_size x --seq_len"),
     (["--init_from", "no/such/model.pt"], "missing or damaged"),
+    (["--total_batch_size", "0"], "--total_batch_size must be > 0"),
+    (["--optimizer", "muon", "--muon_lr", "0"], "--optimizer muon needs --muon_lr > 0"),
 ]
 
 
@@ -592,11 +601,16 @@ def test_bad_input_is_one_line_that_says_what_is_wrong(char_corpus, tmp_path, ar
     assert message in lines[0]
 
 
-def test_a_missing_hellaswag_file_is_one_line(gpt2_corpus, tmp_path):
-    args = ["--hellaswag_interval", "5", "--hellaswag_data", "no/such.jsonl"]
+@pytest.mark.parametrize(
+    "data, message",
+    [(["--hellaswag_data", "no/such.jsonl"], "no/such.jsonl"), ([], "--hellaswag_data FILE")],
+    ids=["missing file", "offline, not cached"],
+)
+def test_hellaswag_data_out_of_reach_is_one_line(gpt2_corpus, tmp_path, data, message):
+    args = ["--hellaswag_interval", "5"] + data
     proc = run_program("train_gpt2.py", tiny_flags(gpt2_corpus, tmp_path) + args)
     lines = proc.stderr.strip().splitlines()
-    assert proc.returncode != 0 and len(lines) == 1 and "no/such.jsonl" in lines[0], proc.stderr
+    assert proc.returncode != 0 and len(lines) == 1 and message in lines[0], proc.stderr
 
 
 def test_bad_checkpoints_and_a_busy_log_dir_are_one_line(char_corpus, tmp_path):
