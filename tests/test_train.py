@@ -73,12 +73,11 @@ def test_overfit_batch_is_the_first_batch_on_any_number_of_ranks_and_after_a_res
     train(small_corpus, resumed, resume=one / "model_00003.pt", **overfit)
     assert_same_state(checkpoint(one, 6), checkpoint(resumed, 6))
     assert read_log(resumed)["train"] == {s: v for s, v in read_log(one)["train"].items() if s >= 3}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    command += [str(ROOT / "train_gpt2.py")] + tiny_flags(small_corpus, tmp_path / "two", **overfit)
-    proc = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    two = tmp_path / "two"
+    returncode, err = torchrun([ROOT / "train_gpt2.py"] + tiny_flags(small_corpus, two, **overfit))
+    assert returncode == 0, err[-3000:]
     for kind in ("train", "norm"):
-        assert read_log(tmp_path / "two")[kind] == pytest.approx(read_log(one)[kind], rel=1e-5)
+        assert read_log(two)[kind] == pytest.approx(read_log(one)[kind], rel=1e-5)
 
 
 @pytest.mark.parametrize(
@@ -332,6 +331,21 @@ def finish(proc, timeout=60):
     return proc.returncode, texts[0], texts[1]
 
 
+def torchrun(program_args, ranks=2, env=None, timeout=300):
+    # torchrun of program_args (a script, its flags) on `ranks` ranks: (return code, stderr) once
+    # it has ended; past the timeout the launcher and its ranks are killed: a hang fails the test
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    launcher += ["--local-addr=127.0.0.1", f"--nproc_per_node={ranks}"]
+    proc = start(program_args, env, launcher, start_new_session=True)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        stop_group(proc, grace=1)
+        raise AssertionError(f"still running after {timeout} s: {finish(proc)}") from None
+    returncode, _, err = finish(proc)
+    return returncode, err
+
+
 def wait_for(condition, proc, timeout=120):
     deadline = time.time() + timeout
     while not condition():
@@ -484,22 +498,20 @@ def test_ddp_over_two_ranks_equals_one_process_and_resumes_bit_exactly(small_cor
     one = tmp_path / "one"
     train(small_corpus, one, **run)
 
-    def torchrun(log_dir, **overrides):
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-        command += ["--nproc_per_node=2", str(ROOT / "train_gpt2.py")]
-        command += tiny_flags(small_corpus, log_dir, **run, **overrides)
-        proc = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True)
-        assert proc.returncode == 0, proc.stderr[-3000:]
+    def two_ranks(log_dir, **overrides):
+        flags = tiny_flags(small_corpus, log_dir, **run, **overrides)
+        returncode, err = torchrun([ROOT / "train_gpt2.py"] + flags)
+        assert returncode == 0, err[-3000:]
 
     two = tmp_path / "two"
-    torchrun(two)
+    two_ranks(two)
     mine = read_log(two)
     theirs = read_log(one)
     for kind in ("train", "val", "norm"):
         for step, value in theirs[kind].items():
             assert mine[kind][step] == pytest.approx(value, rel=1e-5, abs=1e-6), (kind, step)
     resumed = tmp_path / "resumed"
-    torchrun(resumed, resume=two / "model_00006.pt")
+    two_ranks(resumed, resume=two / "model_00006.pt")
     assert_same_state(checkpoint(two, 12), checkpoint(resumed, 12))
 
 
@@ -528,16 +540,8 @@ def test_ddp_evaluates_a_model_with_buffers_on_more_ranks_than_val_batches(small
     program = tmp_path / "with_a_buffer.py"
     program.write_text(WITH_A_BUFFER)
     short = dict(max_steps=4, val_tokens=64, eval_interval=2)
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    args = tiny_flags(small_corpus, tmp_path / "two", **short)
-    env = child_env(PYTHONPATH=str(ROOT))
-    proc = start(args, env, torchrun + [str(program)], start_new_session=True)
-    try:
-        proc.wait(timeout=120)
-    except subprocess.TimeoutExpired:
-        stop_group(proc, grace=1)  # the launcher and its ranks
-        raise AssertionError(f"a rank hangs: {finish(proc)}") from None
-    returncode, _, err = finish(proc)
+    args = [program] + tiny_flags(small_corpus, tmp_path / "two", **short)
+    returncode, err = torchrun(args, env=child_env(PYTHONPATH=str(ROOT)), timeout=120)
     assert returncode == 0, err[-3000:]
     # the buffer is not used: the val losses of GPT-2 in one process
     train(small_corpus, tmp_path / "one", **short)
@@ -561,16 +565,8 @@ def test_a_rank_stopped_alone_while_torch_loads_ends_the_launch(small_corpus, tm
     # for good
     program = tmp_path / "sigterm_at_torch_import.py"
     program.write_text(SIGTERM_AT_TORCH_IMPORT)
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    torchrun += [str(program), str(ROOT / "train_gpt2.py")]
-    args = tiny_flags(small_corpus, tmp_path / "log")
-    proc = start(args, child_env(SIGTERM_RANK="1"), torchrun, start_new_session=True)
-    try:
-        proc.wait(timeout=150)
-    except subprocess.TimeoutExpired:
-        stop_group(proc, grace=1)  # the launcher and its ranks
-        raise AssertionError(f"the launch hangs: {finish(proc)}") from None
-    returncode, _, err = finish(proc)
+    args = [program, ROOT / "train_gpt2.py"] + tiny_flags(small_corpus, tmp_path / "log")
+    returncode, err = torchrun(args, env=child_env(SIGTERM_RANK="1"), timeout=150)
     assert returncode == 1, err[-3000:]
     assert "exitcode  : 143" in err
 
@@ -655,11 +651,9 @@ def test_a_compiled_ddp_run_trains_as_the_eager_one(small_corpus, tmp_path):
     # the GPU's path on a CPU: torchrun, DDP (gloo, one rank), torch.compile (inductor) of the
     # wrapped model for training and for val
     train(small_corpus, tmp_path / "eager", max_steps=4)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    command += ["--local-addr=127.0.0.1", "--nproc_per_node=1", str(ROOT / "train_gpt2.py")]
-    command += tiny_flags(small_corpus, tmp_path / "compiled", max_steps=4, compile="true")
-    proc = subprocess.run(command, cwd=ROOT, env=child_env(), capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    flags = tiny_flags(small_corpus, tmp_path / "compiled", max_steps=4, compile="true")
+    returncode, err = torchrun([ROOT / "train_gpt2.py"] + flags, ranks=1)
+    assert returncode == 0, err[-3000:]
     eager = read_log(tmp_path / "eager")
     compiled = read_log(tmp_path / "compiled")
     for kind in ("train", "val"):
