@@ -39,17 +39,20 @@ old one (.fineweb/staging/) and swaps it in once it is complete.
 
 import argparse
 import base64
+import contextlib
 import ctypes
 import fcntl
 import fnmatch
 import functools
 import hashlib
+import itertools
 import json
 import multiprocessing
 import os
 import shutil
 import signal
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -268,18 +271,17 @@ def hub_files(repo, pattern, download_dir):
 
 
 # pool worker set-up: die with the parent (even on its kill -9), and
-# leave stop signals to it
+# leave stop signals to it: Ctrl-C, a hangup or a scheduler's SIGTERM
+# reach the whole process group, and a worker killed with a task in
+# hand would leave the pool waiting for its result
 def init_worker(parent):
     if sys.platform.startswith("linux"):
         # prctl(PR_SET_PDEATHSIG, SIGKILL)
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)
     if os.getppid() != parent:  # it died before prctl
         os._exit(1)
-    # Ctrl-C or a hangup reaches the whole process group: the parent
-    # decides; SIGTERM is how Pool.terminate() ends a worker
     for sig in STOP_SIGNALS:
-        signal.signal(sig, signal.SIG_DFL if sig == signal.SIGTERM else signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+        signal.signal(sig, signal.SIG_IGN)
 
 
 # GPT-2's tokenizer for vocab None, else the CharTokenizer of vocab
@@ -346,15 +348,15 @@ def save_shard(target, prefix, index, shards, tokens):
 
 
 # build-nanogpt's packing, per file: parts of size tokens, the last
-# one the remainder (a document may span parts); returns their entries
-def write_shards(target, index, stream, settings, desc):
-    from tqdm import tqdm
-
+# one the remainder (a document may span parts); returns their entries.
+# A stop signal is taken between documents.
+def write_shards(target, index, stream, settings, stop):
     size = settings["shard_size"]
     pending = [np.empty(0, dtype=np.uint16)]  # tokens not in a shard
     count = 0
     shards = []
-    for tokens in tqdm(stream, desc=desc, unit="doc", disable=None):
+    for tokens in stream:
+        stop.check()
         pending.append(tokens)
         count += len(tokens)
         # a full shard is written once there are more tokens
@@ -505,65 +507,106 @@ def parse_args(argv):
     return args
 
 
-# a stop signal: the run ends as on Ctrl-C, keeping its finished files
-def on_stop_signal(signum, frame):
-    # a second signal must not cut the clean-up short
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, signal.SIG_IGN)
-    raise KeyboardInterrupt(signal.Signals(signum).name)
+# A stop signal ends the run as Ctrl-C does, by a KeyboardInterrupt, but
+# never inside the pool's code or tqdm's: raised there, it can leave one
+# of their locks taken, and the pool then waits for good. While held, a
+# signal waits for check() or the hold's end.
+class StopSignals:
+    def __init__(self):
+        self.name = None  # the signal that asked
+        self.holding = False
+
+    def handle(self, signum, frame):
+        # a second signal must not cut the clean-up short
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+        self.name = signal.Signals(signum).name
+        if not self.holding:
+            raise KeyboardInterrupt(self.name)
+
+    def check(self):
+        if self.name:
+            raise KeyboardInterrupt(self.name)
+
+    @contextlib.contextmanager
+    def held(self):
+        self.holding = True
+        try:
+            yield
+        finally:
+            self.holding = False
+        self.check()
 
 
-# tokenise each file not done yet into target (a pool over its
-# documents, in order), then write its done-record; last, the manifest
-def build(args, target, settings):
+# path's documents into target's shards, by a pool of workers, in order.
+# Called held: the pool starts, works and is gone (its objects freed)
+# within the hold. At the end, or on a stop or an error, its feed ends,
+# and its workers finish what they hold and exit: none is killed, as one
+# killed holding a lock would leave the pool waiting for good.
+def tokenize_file(path, target, index, settings, workers, desc, stop):
+    from tqdm import tqdm
+
+    ending = threading.Event()
+    docs = read_documents(path, settings["text_field"])
+    docs = itertools.takewhile(lambda doc: not ending.is_set(), docs)
+    encode = functools.partial(encode_document, settings["vocab"])
+    # on Linux fork, for prctl's tie to us
+    context = multiprocessing.get_context("fork" if sys.platform == "linux" else None)
+    with context.Pool(workers, init_worker, (os.getpid(),)) as pool:
+        try:
+            stream = pool.imap(encode, docs, chunksize=16)
+            stream = tqdm(stream, desc=desc, unit="doc", disable=None)
+            return write_shards(target, index, stream, settings, stop)
+        finally:
+            ending.set()
+            pool.close()
+            pool.join()
+
+
+# tokenise each file not done yet into target, then write its
+# done-record; last, the manifest
+def build(args, target, settings, stop):
     from huggingface_hub import hf_hub_download
 
     (target / ".fineweb").mkdir(parents=True, exist_ok=True)
-    # one pool for all files, started while stop signals wait: a handler
-    # must not run in fork's callbacks (they ignore exceptions), nor in a
-    # worker before init_worker; on Linux fork, for prctl's tie to us
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-    context = multiprocessing.get_context("fork" if sys.platform == "linux" else None)
-    pool = context.Pool(args.workers, init_worker, (os.getpid(),))
-    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-    with pool:
-        for index, source in enumerate(settings["sources"]):
-            record_file = target / ".fineweb" / f"{index:04d}.done.json"
-            if record_file.exists():
-                continue
-            # a hub file: downloaded, or found in the cache or download_dir (offline)
-            path = (
-                source
-                if args.local
-                else hf_hub_download(
-                    args.repo, source, repo_type="dataset", local_dir=args.download_dir
-                )
+    for index, source in enumerate(settings["sources"]):
+        record_file = target / ".fineweb" / f"{index:04d}.done.json"
+        if record_file.exists():
+            continue
+        # a hub file: downloaded, or found in the cache or download_dir (offline)
+        path = (
+            source
+            if args.local
+            else hf_hub_download(
+                args.repo, source, repo_type="dataset", local_dir=args.download_dir
             )
-            stat = os.stat(path)
-            desc = f"{index + 1}/{len(settings['sources'])} {Path(source).name}"
-            encode = functools.partial(encode_document, settings["vocab"])
-            stream = pool.imap(encode, read_documents(path, settings["text_field"]), chunksize=16)
-            shards = write_shards(target, index, stream, settings, desc)
-            record = {
-                "source": source,
-                "size": stat.st_size,
-                "mtime_ns": None if args.local is None else stat.st_mtime_ns,
-                "settings": settings,
-                "shards": shards,
-            }
-            write_atomic(record_file, lambda f: f.write(json.dumps(record, indent=1).encode()))
-            print(f"{desc}: {sum(s['tokens'] for s in shards):,} tokens")
-            # the hub cache's link and its blob, or a --download_dir file
-            if args.free and not args.local:
-                for file in {os.path.realpath(path), os.path.abspath(path)}:
-                    os.remove(file)
+        )
+        stat = os.stat(path)
+        desc = f"{index + 1}/{len(settings['sources'])} {Path(source).name}"
+        # a stop signal during the download ends it at once; from here on,
+        # it waits for the next document
+        with stop.held():
+            shards = tokenize_file(path, target, index, settings, args.workers, desc, stop)
+        record = {
+            "source": source,
+            "size": stat.st_size,
+            "mtime_ns": None if args.local is None else stat.st_mtime_ns,
+            "settings": settings,
+            "shards": shards,
+        }
+        write_atomic(record_file, lambda f: f.write(json.dumps(record, indent=1).encode()))
+        print(f"{desc}: {sum(s['tokens'] for s in shards):,} tokens")
+        # the hub cache's link and its blob, or a --download_dir file
+        if args.free and not args.local:
+            for file in {os.path.realpath(path), os.path.abspath(path)}:
+                os.remove(file)
     write_manifest(target, settings)
 
 
 # the sources and settings, then under out_dir's lock: finish a swap
 # cut short, refuse what the settings would not make, build, swap in;
 # state tells main where the files go and how many there are
-def run(args, state):
+def run(args, state, stop):
     sources = (
         check_local(args.local)
         if args.local
@@ -604,7 +647,7 @@ def run(args, state):
             shutil.rmtree(staging)
         done = (out_dir / MANIFEST).is_file() and not args.overwrite
         if not done:
-            build(args, state["target"], settings)
+            build(args, state["target"], settings, stop)
         if args.overwrite:
             swap_in(out_dir, staging)
     manifest = json.loads((out_dir / MANIFEST).read_text())
@@ -619,13 +662,14 @@ def run(args, state):
 def main(argv=None):
     args = parse_args(argv)
     state = {"target": None, "files": 0}
-    # stop signals raise KeyboardInterrupt; one ignored at start (as
-    # nohup's SIGHUP) stays ignored; the old handlers come back after
+    # a stop signal ignored at start (as nohup's SIGHUP) stays ignored;
+    # the old handlers come back after
+    stop = StopSignals()
     old = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     for sig in [sig for sig in STOP_SIGNALS if old[sig] != signal.SIG_IGN]:
-        signal.signal(sig, on_stop_signal)
+        signal.signal(sig, stop.handle)
     try:
-        return run(args, state)
+        return run(args, state, stop)
     except KeyboardInterrupt as e:
         done = len(read_records(state["target"])) if state["target"] else 0
         sys.exit(

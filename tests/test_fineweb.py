@@ -569,6 +569,114 @@ def test_a_failed_overwrite_leaves_the_old_corpus_as_it_was(tmp_path):
     assert now == old and fineweb.load_corpus(out)["sources"] == [str(a)]
 
 
+@pytest.fixture(scope="module")
+def pair(many):
+    """The first two of many's files, and the corpus of an uninterrupted run."""
+    args, ref = many
+    args = [*args[:3], *args[-4:]]
+    run_main(*args, "--out_dir", ref.parent / "pair")
+    return args, ref.parent / "pair"
+
+
+# fineweb.main with a SIGTERM raised as the main thread calls the function argv[1] from
+# argv[2] (qualified names in threading or multiprocessing: the pool's code) for the
+# argv[3]-th time, as a signal reaches Python there, after a pause there (as on a busy
+# machine) while the pool's threads go on
+SIGNAL_AT_CALL = """
+import signal, sys, time
+import fineweb
+
+calls = []
+
+def signal_at(frame, event, arg):
+    names = [frame.f_code.co_qualname, frame.f_back.f_code.co_qualname]
+    pool = any(m in frame.f_code.co_filename for m in ("threading", "multiprocessing"))
+    if event == "call" and pool and names == sys.argv[1:3]:
+        calls.append(names)
+    if len(calls) == int(sys.argv[3]):
+        sys.settrace(None)
+        time.sleep(0.2)
+        signal.raise_signal(signal.SIGTERM)
+
+sys.settrace(signal_at)
+fineweb.main(sys.argv[4:])
+"""
+
+
+def group_left(leader):
+    """The live processes (zombies aside) of the process group that leader leads."""
+    left = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # gone meanwhile
+        if fields[2] == str(leader) and fields[0] != "Z":
+            left.append(stat.parent.name)
+    return left
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc")
+@pytest.mark.parametrize(
+    "call",
+    [
+        "Pool._repopulate_pool Pool.__init__ 1",  # the pool starting its workers
+        "IMapIterator.__init__ Pool.imap 1",  # a file's documents fed to it
+        "Condition.wait IMapIterator.next 1",  # waiting for a document's tokens
+        "Condition.__exit__ IMapIterator.next 1",  # got them: a run stopped here hung
+        "Pool._terminate_pool Finalize.__call__ 1",  # the pool ended
+    ],
+)
+def test_a_stop_signal_inside_the_pools_code_stops_the_run(tmp_path, pair, call):
+    args, ref = pair
+    out = tmp_path / "out"
+    command = [sys.executable, "-c", SIGNAL_AT_CALL, *call.split(), *map(str, args)]
+    command += ["--out_dir", out]
+    proc = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env=child_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=default_signals,
+        start_new_session=True,
+    )
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail(f"fineweb.py went on for 60 s after a SIGTERM at the call of {call}")
+    assert proc.returncode == 1 and err.startswith("fineweb.py: stopped (SIGTERM); "), err
+    assert len(err.strip().splitlines()) == 1, err
+    assert not group_left(proc.pid)  # no worker outlives it
+    proc = cli(tmp_path, *args, "--out_dir", out)
+    assert proc.returncode == 0, proc.stderr
+    assert files_of(out) == files_of(ref)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc")
+def test_a_schedulers_sigterm_to_the_process_group_stops_the_run(tmp_path, many):
+    # the workers get it too (as from Slurm or systemd), and leave it to the parent
+    args, ref = many
+    out = tmp_path / "out"
+    proc = start(tmp_path, *args, "--out_dir", out, start_new_session=True)
+    wait_for(out / ".fineweb" / "0000.done.json", proc)
+    deadline = time.monotonic() + 30
+    while not list(out.glob("*_train_0001_*.npy")) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGTERM)  # mid-file
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 1 and err.startswith("fineweb.py: stopped (SIGTERM); "), err
+    assert len(err.strip().splitlines()) == 1, err
+    assert not group_left(proc.pid)
+    proc = cli(tmp_path, *args, "--out_dir", out)
+    assert proc.returncode == 0, proc.stderr
+    assert files_of(out) == files_of(ref)
+
+
 @pytest.mark.slow
 def test_a_stopped_overwrite_leaves_the_old_corpus_and_the_same_command_finishes(tmp_path, many):
     args, ref = many

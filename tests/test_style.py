@@ -25,7 +25,7 @@ _spec.loader.exec_module(texture)
 PROGRAMS = [str(path.relative_to(ROOT)) for path in texture.programs()]
 BUDGETS = {
     "train_gpt2.py": 600,
-    "fineweb.py": 300,
+    "fineweb.py": 330,
     "hellaswag.py": 180,
     "export_hf.py": 100,
     "bench.py": 250,
