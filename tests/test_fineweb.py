@@ -119,9 +119,9 @@ def default_signals():
         signal.signal(sig, signal.SIG_DFL)
 
 
-def start(tmp_path, *args, preexec_fn=default_signals, **popen):
-    """fineweb.py started as a real process, as a shell starts it."""
-    command = [sys.executable, "fineweb.py", *map(str, args)]
+def start(tmp_path, *args, program=("fineweb.py",), preexec_fn=default_signals, **popen):
+    """fineweb.py (or python's other program) started as a real process, as a shell starts it."""
+    command = [sys.executable, *program, *map(str, args)]
     return subprocess.Popen(
         command,
         cwd=ROOT,
@@ -631,18 +631,8 @@ def group_left(leader):
 def test_a_stop_signal_inside_the_pools_code_stops_the_run(tmp_path, pair, call):
     args, ref = pair
     out = tmp_path / "out"
-    command = [sys.executable, "-c", SIGNAL_AT_CALL, *call.split(), *map(str, args)]
-    command += ["--out_dir", out]
-    proc = subprocess.Popen(
-        command,
-        cwd=ROOT,
-        env=child_env(tmp_path),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=default_signals,
-        start_new_session=True,
-    )
+    program = ("-c", SIGNAL_AT_CALL, *call.split())
+    proc = start(tmp_path, *args, "--out_dir", out, program=program, start_new_session=True)
     try:
         _, err = proc.communicate(timeout=60)
     except subprocess.TimeoutExpired:
