@@ -687,36 +687,24 @@ def test_a_stopped_overwrite_leaves_the_old_corpus_and_the_same_command_finishes
     assert files_of(out) == {**files_of(ref), "notes.txt": b"mine"}
 
 
-def children(pid):
-    paths = Path(f"/proc/{pid}/task").glob("*/children")
-    return [int(c) for p in paths for c in p.read_text().split()]
-
-
-def gone(pid):
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc")
 def test_kill_9_of_the_parent_leaves_no_worker(tmp_path, many):
     args, _ = many
     out = tmp_path / "out"
-    proc = start(tmp_path, *args, "--out_dir", out)
+    proc = start(tmp_path, *args, "--out_dir", out, start_new_session=True)
     wait_for(out / ".fineweb" / "0000.done.json", proc)
     deadline = time.monotonic() + 30
-    while len(children(proc.pid)) < 2 and time.monotonic() < deadline:
+    # it and its two workers
+    while len(group_left(proc.pid)) < 3 and time.monotonic() < deadline:
         time.sleep(0.01)
-    workers = children(proc.pid)
-    assert len(workers) >= 2
+    assert len(group_left(proc.pid)) >= 3
     proc.kill()
     proc.wait(timeout=10)
     deadline = time.monotonic() + 10
-    while not all(gone(w) for w in workers) and time.monotonic() < deadline:
+    while group_left(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert all(gone(w) for w in workers)
+    assert not group_left(proc.pid)
     with pytest.raises(ValueError, match="is unfinished"):
         fineweb.load_corpus(out)
 
