@@ -630,22 +630,27 @@ def find_checkpoints(log_dir):
 
 def is_whole(path):
     # torch.save writes a zip file: it is whole if every record matches its stored CRC-32, so a
-    # torn, truncated or bit-flipped file fails (torch.load itself checks none of that)
+    # torn, truncated or bit-flipped file fails (torch.load itself checks none of that). A file
+    # that cannot be read at all (permissions, an I/O error) is not known to be damaged: its
+    # OSError goes to the caller, which stops rather than write over what it could not read.
     try:
         with zipfile.ZipFile(path) as z:
             return z.testzip() is None
-    except (OSError, zipfile.BadZipFile):
+    except (zipfile.BadZipFile, EOFError):
         return False
 
 
 def load_checkpoint(path):
     # a checkpoint of this program, checked whole before torch reads it (plain data only)
-    if not is_whole(path):
-        raise ValueError(f"checkpoint {path} is missing or damaged (fails its CRC-32 check)")
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        whole = is_whole(path)
+        ckpt = torch.load(path, map_location="cpu", weights_only=True) if whole else None
+    except OSError as e:
+        raise ValueError(f"cannot read checkpoint {path} ({e.strerror or e})") from None
     except Exception as e:
         raise ValueError(f"{path} is not a train_gpt2.py checkpoint ({e})") from None
+    if not whole:
+        raise ValueError(f"{path} is damaged, or not a checkpoint (fails its CRC-32 check)")
     if not isinstance(ckpt, dict) or not {"model", "model_config", "step"} <= ckpt.keys():
         raise ValueError(f"{path} is not a train_gpt2.py checkpoint")
     return ckpt
@@ -663,11 +668,20 @@ def save_checkpoint(path, checkpoint):
 
 def choose_checkpoint(resume, log_dir, log):
     # The checkpoint --resume names: auto, the highest step in log_dir whose file is whole (a
-    # damaged one is skipped with a warning); a path; or none ('').
+    # damaged one is skipped with a warning, and later written over); a path; or none ('').
+    # A checkpoint that cannot be read stops the run: it may be whole, and a run that skipped
+    # it would write over it.
     if resume != "auto":
         return Path(resume) if resume else None
     for _, path in reversed(find_checkpoints(log_dir)):
-        if is_whole(path):
+        try:
+            whole = is_whole(path)
+        except OSError as e:
+            raise ValueError(
+                f"cannot read checkpoint {path} ({e.strerror or e}): make it readable, or move it"
+                " out of the log_dir, then run again (nothing was written)"
+            ) from None
+        if whole:
             return path
         log(f"warning: skipping {path}: damaged (fails its CRC-32 check)")
     return None

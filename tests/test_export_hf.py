@@ -362,8 +362,8 @@ def test_bad_input_is_one_line(trained, tmp_path):
     (tmp_path / "full" / "mine.txt").write_text("keep me")
     cases = [
         ([], "the following arguments are required: checkpoint, out_dir"),
-        ([tmp_path / "missing.pt"], "missing or damaged"),
-        ([tmp_path / "damaged.pt"], "missing or damaged"),
+        ([tmp_path / "missing.pt"], "cannot read checkpoint"),
+        ([tmp_path / "damaged.pt"], "damaged, or not a checkpoint"),
         ([tmp_path / "foreign.pt"], "is not a checkpoint of train_gpt2.py's GPT"),
         ([trained, tmp_path / "full"], "exists and is not an empty directory"),
     ]
@@ -386,7 +386,7 @@ def test_bad_input_is_one_line(trained, tmp_path):
 @pytest.mark.parametrize(
     "what, message",
     [
-        ("text.pt", "missing or damaged"),
+        ("text.pt", "damaged, or not a checkpoint"),
         ("a list", "is not a train_gpt2.py checkpoint"),
         ("a file", "exists and is not an empty directory"),
         ("no tokenizer", "is not a checkpoint of train_gpt2.py's GPT"),

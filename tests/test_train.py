@@ -125,6 +125,44 @@ def test_resume_auto_takes_the_newest_whole_checkpoint(small_corpus, tmp_path):
     assert_same_state(checkpoint(straight, 12), checkpoint(run, 12))
 
 
+def file_bytes(log_dir):
+    return {p.name: p.read_bytes() for p in Path(log_dir).iterdir() if p.is_file()}
+
+
+@pytest.mark.parametrize("errno", [13, 5], ids=["permission denied", "I/O error"])
+def test_an_unreadable_checkpoint_stops_resume_auto_and_nothing_is_written(
+    small_corpus, tmp_path, monkeypatch, errno
+):
+    # An unreadable checkpoint may be whole: resuming an older one (or step 0) would write over
+    # it. The run stops before it writes anything, every file as it was.
+    train(small_corpus, tmp_path, max_steps=12, ckpt_interval=4)
+    before = file_bytes(tmp_path)
+    real_zip_file = train_gpt2.zipfile.ZipFile
+
+    def zip_file(path, *args, **kwargs):
+        if Path(path).name == "model_00012.pt":
+            raise OSError(errno, os.strerror(errno))
+        return real_zip_file(path, *args, **kwargs)
+
+    monkeypatch.setattr(train_gpt2.zipfile, "ZipFile", zip_file)
+    with pytest.raises(ValueError, match="cannot read checkpoint .*model_00012.pt"):
+        train(small_corpus, tmp_path, max_steps=16, ckpt_interval=4, resume="auto")
+    assert file_bytes(tmp_path) == before
+
+
+def test_a_checkpoint_that_is_not_a_file_stops_resume_auto(small_corpus, tmp_path):
+    # the same as a real process: a directory where the newest checkpoint should be
+    train(small_corpus, tmp_path, max_steps=8, ckpt_interval=4)
+    (tmp_path / "model_00012.pt").mkdir()
+    before = file_bytes(tmp_path)
+    args = tiny_flags(small_corpus, tmp_path, max_steps=16, ckpt_interval=4, resume="auto")
+    proc = run_program("train_gpt2.py", args)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.startswith("train_gpt2.py: error: cannot read checkpoint ")
+    assert proc.stderr.count("\n") == 1 and "model_00012.pt" in proc.stderr
+    assert file_bytes(tmp_path) == before
+
+
 def test_a_resume_applies_this_runs_optimizer_settings(small_corpus, tmp_path):
     train(small_corpus, tmp_path, max_steps=12, ckpt_interval=6)
     (tmp_path / "model_00012.pt").unlink()
@@ -579,10 +617,10 @@ BAD_INPUTS = [
     (["--device", "tpu"], "--device"),
     (["--device", "cuda"], "no CUDA"),
     (["--data_root", "no/such/dir"], "fineweb.py"),
-    (["--resume", "no/such/model.pt"], "missing or damaged"),
+    (["--resume", "no/such/model.pt"], "cannot read checkpoint"),
     (["--val_tokens", "1280000"], "val split"),
     (["--total_batch_size", "96"], "multiple of --batch_size x --seq_len"),
-    (["--init_from", "no/such/model.pt"], "missing or damaged"),
+    (["--init_from", "no/such/model.pt"], "cannot read checkpoint"),
     (["--total_batch_size", "0"], "--total_batch_size must be > 0"),
     (["--optimizer", "muon", "--muon_lr", "0"], "--optimizer muon needs --muon_lr > 0"),
 ]
@@ -622,7 +660,7 @@ def test_bad_checkpoints_and_a_busy_log_dir_are_one_line(char_corpus, tmp_path):
     fcntl.flock(lock, fcntl.LOCK_EX)
     cases = [
         (["--resume", foreign], "not a train_gpt2.py checkpoint"),
-        (["--resume", text], "missing or damaged"),
+        (["--resume", text], "damaged, or not a checkpoint"),
         (["--log_dir", busy], "in use by another run"),
     ]
     for args, message in cases:
