@@ -28,30 +28,6 @@ import time
 import zipfile
 from pathlib import Path
 
-# SIGINT (Ctrl-C), SIGTERM and SIGUSR1 (schedulers), SIGHUP (a closed terminal) ask a run to stop.
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
-
-
-def exit_quietly(signum, frame):
-    # A stop request before train() takes the signals over (while torch loads) ends the program:
-    # nothing is written yet. Exit status 0; a rank of a torchrun launch, maybe stopped alone,
-    # exits 128 + signum, so that torchrun ends the other ranks instead of leaving them waiting.
-    # Later requests are ignored: Python's shutdown would hand the signals back their default
-    # action, which kills the process.
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, signal.SIG_IGN)
-    sys.exit(128 + signum if signum and "RANK" in os.environ else 0)
-
-
-# A signal the program was started ignoring (nohup's SIGHUP) stays ignored, here and in train().
-# While torch loads, the signals wait (blocked), and a request is taken once it has loaded: an
-# exception raised inside torch's C++ start-up would abort the process (SIGABRT).
-if __name__ == "__main__":
-    for sig in STOP_SIGNALS:
-        if signal.getsignal(sig) != signal.SIG_IGN:
-            signal.signal(sig, exit_quietly)
-    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -61,9 +37,6 @@ import torch.nn.functional as F
 import fineweb
 import hellaswag
 import plot
-
-if __name__ == "__main__":
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 # -----------------------------------------------------------------------------
 # Configuration
@@ -717,6 +690,10 @@ def lock_log_dir(log_dir, log):
     return lock
 
 
+# SIGINT (Ctrl-C), SIGTERM and SIGUSR1 (schedulers), SIGHUP (a closed terminal) ask a run to stop.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
+
+
 class StopSignal:
     # The stop signals only ask: the run ends at its step's end with a checkpoint, also when
     # asked twice. They are blocked in this thread too, so that processes started meanwhile
@@ -1124,4 +1101,3 @@ def main(argv=None):
 
 if __name__ == "__main__":
     main()
-    exit_quietly(None, None)  # the run is over: a stop request has nothing left to stop

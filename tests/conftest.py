@@ -4,9 +4,11 @@ fineweb.py itself, and the trainer run as a real process or in this one."""
 import atexit
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -88,6 +90,13 @@ def make_corpus(out_dir, docs, tokenizer="char", shard_size=None):
     return out_dir
 
 
+# -----------------------------------------------------------------------------
+# Real processes: started as a shell starts them, waited for by what they write (a line, a file),
+# never by a clock sized to one model's speed; PATIENCE only ends a test that hangs.
+
+PATIENCE = 300  # seconds
+
+
 def child_env(**extra):
     """The environment of a program a test starts: one thread, unbuffered, no torchrun
     variables inherited from a parent."""
@@ -97,47 +106,144 @@ def child_env(**extra):
     return env
 
 
-def run_program(program, args, timeout=300, env=None, cwd=ROOT):
-    """python PROGRAM ARGS as a real process, its output captured."""
-    command = [sys.executable, str(ROOT / program)] + [str(a) for a in args]
+def default_signals():
+    """A shell's start: the stop signals at their default action (pytest-xdist ignores SIGINT)."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_DFL)
+
+
+def command_of(program, args):
+    """python PROGRAM ARGS; program: a file of the repository, or a whole command (a list)."""
+    prefix = [sys.executable, str(ROOT / program)] if isinstance(program, str) else program
+    return [str(a) for a in prefix] + [str(a) for a in args]
+
+
+def run_program(program, args=(), timeout=PATIENCE, env=None, cwd=ROOT):
+    """python PROGRAM ARGS as a real process, to its end, its output captured."""
     return subprocess.run(
-        command,
+        command_of(program, args),
         cwd=cwd,
         env=env or child_env(),
         capture_output=True,
         text=True,
         timeout=timeout,
+        preexec_fn=default_signals,
     )
 
 
-# python -c THIS PROGRAM ARGS (or python THIS.py PROGRAM ARGS) runs PROGRAM as __main__, which
-# sends itself SIGTERM the moment it starts to import torch (under torchrun: the rank named by
-# SIGTERM_RANK alone); at exit it prints whether torch had loaded
-SIGTERM_AT_TORCH_IMPORT = """
-import atexit, os, runpy, signal, sys
-
-class SigtermAtTorchImport:
-    def find_spec(self, name, path=None, target=None):
-        if name == "torch":
-            sys.meta_path.remove(self)
-            os.kill(os.getpid(), signal.SIGTERM)
-
-atexit.register(lambda: print("torch loaded:", "torch" in sys.modules))
-if os.environ.get("RANK", "0") == os.environ.get("SIGTERM_RANK", "0"):
-    sys.meta_path.insert(0, SigtermAtTorchImport())
-sys.argv = sys.argv[1:]
-sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))  # as python PROGRAM has it
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
-
-
-def run_with_sigterm_at_torch_import(program, args=()):
-    """A stop request in the middle of torch's import: a program must take it only once torch
-    has loaded (an exception raised inside torch's C++ start-up aborts the process)."""
-    command = [sys.executable, "-c", SIGTERM_AT_TORCH_IMPORT, str(ROOT / program), *args]
-    return subprocess.run(
-        command, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=120
+def start(program, args=(), env=None, cwd=ROOT, **popen):
+    """python PROGRAM ARGS started in the background; its output goes to files (a pipe nobody
+    reads would fill and stop it): finish() returns it."""
+    out = tempfile.TemporaryFile("w+")
+    err = tempfile.TemporaryFile("w+")
+    proc = subprocess.Popen(
+        command_of(program, args),
+        cwd=cwd,
+        env=env or child_env(),
+        stdout=out,
+        stderr=err,
+        preexec_fn=popen.pop("preexec_fn", default_signals),
+        **popen,
     )
+    proc.output = (out, err)
+    return proc
+
+
+def output(proc):
+    """(stdout, stderr) of a process start() started, so far."""
+    texts = []
+    for f in proc.output:
+        f.seek(0)
+        texts.append(f.read())
+    return texts
+
+
+def finish(proc, timeout=PATIENCE):
+    """(return code, stdout, stderr) once it has exited; past the timeout it is killed (with
+    every process below it) and the test fails."""
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        stop_group(proc, grace=1)
+        raise AssertionError(f"still running after {timeout} s: {output(proc)}") from None
+    out, err = output(proc)
+    return proc.returncode, out, err
+
+
+def wait_for(condition, proc, timeout=PATIENCE):
+    """Poll condition() while proc runs: it must come true before proc ends."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc.poll() is not None:
+            raise AssertionError(
+                f"ended (rc {proc.returncode}) before the condition: {output(proc)}"
+            )
+        if time.monotonic() > deadline:
+            stop_group(proc, grace=1)
+            raise AssertionError(f"no condition after {timeout} s: {output(proc)}")
+        time.sleep(0.02)
+
+
+def descendants(pid):
+    """Every process below pid, read from /proc (torchrun starts each rank in a session of its
+    own, so the launcher's process group does not hold them)."""
+    parent_of = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # "pid (comm) state ppid ...", and comm may hold spaces or parentheses
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # a process that ended meanwhile
+        parent_of[int(stat.parent.name)] = int(fields[1])
+    found = []
+    below = {pid}
+    while below:
+        below = {child for child, parent in parent_of.items() if parent in below}
+        found += below
+    return found
+
+
+def stop_group(proc, grace=20):
+    """SIGTERM to proc's process group, then SIGKILL to it and every process below it."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        return proc.wait(timeout=grace)
+    except (ProcessLookupError, PermissionError):
+        pass
+    except subprocess.TimeoutExpired:
+        pass
+    for pid in descendants(proc.pid) + [proc.pid]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return proc.wait()
+
+
+def torchrun(program_args, ranks=2, env=None, timeout=PATIENCE):
+    """torchrun of program_args (a script, its flags) on `ranks` ranks: (return code, stdout,
+    stderr) once it has ended; a hang kills the launcher and its ranks and fails the test."""
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    launcher += ["--local-addr=127.0.0.1", f"--nproc_per_node={ranks}"]
+    proc = start(launcher, program_args, env, start_new_session=True)
+    return finish(proc, timeout)
+
+
+def one_line_error(returncode, stderr, prefix, message=""):
+    """A failure told in exactly one line on stderr, `PREFIX: error: ...` holding message."""
+    lines = stderr.strip().splitlines()
+    assert returncode not in (0, None), stderr
+    assert len(lines) == 1, stderr[-3000:]
+    assert lines[0].startswith(f"{prefix}: error: "), lines[0]
+    assert message in lines[0], lines[0]
+
+
+def main_error(main, argv):
+    """The one-line error a program's main(argv) exits with, in this process."""
+    with pytest.raises(SystemExit) as exit:
+        main([str(a) for a in argv])
+    assert exit.value.code not in (0, None), "main() succeeded"
+    return str(exit.value.code)
 
 
 def flags(**values):

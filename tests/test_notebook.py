@@ -206,4 +206,4 @@ def test_a_named_model_that_does_not_load_is_an_error_not_a_stand_in(tmp_path):
     with pytest.raises(nbclient.exceptions.CellExecutionError) as error:
         execute(missing, tmp_path, cells=3)  # the settings and the loading cell
     assert error.value.ename == "ValueError"  # raised, not printed and replaced
-    assert error.value.evalue.startswith(f"GPT2_MODEL={missing}: checkpoint {missing} is missing")
+    assert error.value.evalue.startswith(f"GPT2_MODEL={missing}: cannot read checkpoint {missing}")
