@@ -440,6 +440,20 @@ def swap_in(out_dir, staging):
     shutil.rmtree(staging)
 
 
+def verify_shard(path, entry, vocab_size):
+    """None, or why path is not the shard entry describes: its sha256 (when recorded) and
+    every id below vocab_size."""
+    tokens = np.load(path, mmap_mode="r")
+    if (
+        entry.get("sha256")
+        and hashlib.sha256(Path(path).read_bytes()).hexdigest() != entry["sha256"]
+    ):
+        return f"{path} changed since fineweb.py wrote it (its sha256 differs)"
+    if len(tokens) and int(tokens.max()) >= vocab_size:
+        return f"{path} holds token id {int(tokens.max())}, past the vocabulary of {vocab_size}"
+    return None
+
+
 def load_corpus(data_root):
     """The manifest of the finished corpus in data_root, or a one-line
     ValueError saying what to do. build-nanogpt's shards without a

@@ -1,28 +1,34 @@
 """
 GPT-2 pretraining in one file, read top to bottom: config, model, data loader, learning-rate
-schedule, distributed set-up, evaluation, checkpoints and stop signals, the training loop and
-the command line.
+schedule, devices and distributed set-up, evaluation, checkpoints and stop signals, the training
+loop and the command line.
 
     python fineweb.py --local input.txt --tokenizer char --out_dir data/shakespeare_char
     python train_gpt2.py --preset shakespeare_char   # a character model: minutes on a CPU
     torchrun --standalone --nproc_per_node=8 train_gpt2.py --preset gpt2-124M   # 10B tokens
 
 The data is fineweb.py's uint16 token shards and their manifest.json (fineweb.py also holds the
-tokenizers); hellaswag.py scores HellaSwag and plot.py draws curves.png. A run writes into
---log_dir: log.txt (`step kind value` lines), runs.jsonl (one line per run start), checkpoints
-model_{step:05d}.pt and curves.png. Importing this module does nothing but define things.
+tokenizers); hellaswag.py scores HellaSwag and plot.py draws the curves. A run writes into
+--log_dir: log.txt (`step kind value` lines), runs.jsonl (a line per start: the config, the data,
+the versions, the device, and the code that ran, kept in code/), checkpoints model_{step:05d}.pt
+and curves.png. `python plot.py log/a log/b` compares two runs. Importing this module does
+nothing but define things.
 """
 
 import argparse
 import dataclasses
+import datetime
 import fcntl
-import functools
+import hashlib
 import json
 import math
 import os
+import platform
 import re
 import shlex
 import signal
+import socket
+import subprocess
 import sys
 import time
 import zipfile
@@ -55,11 +61,11 @@ class GPTConfig:
 @dataclasses.dataclass
 class TrainConfig:
     # One training run. Every field is a flag of the same name (--max_lr 3e-4), typed by its
-    # default; the comment on its line is its --help.
+    # annotation; the comment on its line, if any, is its --help.
 
     # data and output
     data_root: str = "edu_fineweb10B"  # fineweb.py's output directory (shards, manifest.json)
-    log_dir: str = "log"  # log.txt, runs.jsonl, checkpoints and curves.png go here
+    log_dir: str = "log"  # log.txt, runs.jsonl, code/, checkpoints and curves.png go here
     shuffle: bool = False  # each epoch in a seeded order, on a window grid moved each epoch
     # model (from scratch; --init_from brings its own shape)
     n_layer: int = 12  # transformer blocks
@@ -106,36 +112,32 @@ class TrainConfig:
         for name, value in dataclasses.asdict(self).items():
             if type(value) in (int, float) and not 0 <= value < math.inf:
                 raise ValueError(f"--{name} must be a finite number >= 0, got {value}")
-        rules = [
-            (
-                min(self.n_layer, self.n_head, self.n_embd, self.batch_size, self.seq_len) > 0,
-                "--n_layer, --n_head, --n_embd, --batch_size, --seq_len must be > 0",
-            ),
-            (
-                self.max_steps and self.max_lr and self.sample_length and self.total_batch_size,
-                "--max_steps, --max_lr, --sample_length, --total_batch_size must be > 0",
-            ),
-            (self.muon_lr or self.optimizer != "muon", "--optimizer muon needs --muon_lr > 0"),
-            (self.n_embd % self.n_head == 0, "--n_embd must be a multiple of --n_head"),
-            (
-                self.total_batch_size % (self.batch_size * self.seq_len) == 0,
-                "--total_batch_size must be a multiple of --batch_size x --seq_len",
-            ),
-            (
-                self.val_tokens % (self.batch_size * self.seq_len) == 0,
-                "--val_tokens must be a multiple of --batch_size x --seq_len",
-            ),
-            (self.val_tokens or not self.eval_interval, "--val_tokens 0 with --eval_interval"),
-            (self.max_lr < 1 and self.beta2 < 1, "--max_lr and --beta2 must be below 1"),
-            (self.seed < 2**63, "--seed must be below 2**63"),
-            (self.optimizer in ("adamw", "muon"), "--optimizer must be adamw or muon"),
-            (self.compile in ("auto", "true", "false"), "--compile must be auto, true or false"),
-            (re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", self.device), "--device: no such device"),
-            (self.data_root and self.log_dir and self.init_from, "a path flag is empty"),
-        ]
-        for ok, message in rules:
-            if not ok:
-                raise ValueError(message)
+        sizes = ["n_layer", "n_head", "n_embd", "batch_size", "seq_len", "total_batch_size"]
+        for name in sizes + ["max_steps", "max_lr", "sample_length"]:
+            if getattr(self, name) == 0:
+                raise ValueError(f"--{name} must be > 0")
+        if self.n_embd % self.n_head:
+            raise ValueError("--n_embd must be a multiple of --n_head")
+        if self.total_batch_size % (self.batch_size * self.seq_len):
+            raise ValueError("--total_batch_size must be a multiple of --batch_size x --seq_len")
+        if self.val_tokens % (self.batch_size * self.seq_len):
+            raise ValueError("--val_tokens must be a multiple of --batch_size x --seq_len")
+        if self.eval_interval and not self.val_tokens:
+            raise ValueError("--eval_interval needs --val_tokens > 0 (or --eval_interval 0)")
+        if self.max_lr >= 1 or self.beta2 >= 1:
+            raise ValueError("--max_lr and --beta2 must be below 1")
+        if self.seed >= 2**63:
+            raise ValueError("--seed must be below 2**63")
+        if self.optimizer not in ("adamw", "muon"):
+            raise ValueError("--optimizer must be adamw or muon")
+        if self.optimizer == "muon" and not self.muon_lr:
+            raise ValueError("--optimizer muon needs --muon_lr > 0")
+        if self.compile not in ("auto", "true", "false"):
+            raise ValueError("--compile must be auto, true or false")
+        if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", self.device):
+            raise ValueError("--device must be auto, cpu, cuda, cuda:N or mps")
+        if not (self.data_root and self.log_dir and self.init_from):
+            raise ValueError("--data_root, --log_dir and --init_from must not be empty")
 
 
 PRESETS = {
@@ -188,6 +190,7 @@ PRESETS = {
     ),
 }
 
+
 # -----------------------------------------------------------------------------
 # Model
 
@@ -223,12 +226,20 @@ class CausalSelfAttention(nn.Module):
         # q, k, v of every head: c_attn's output is [q | k | v], each head's hs columns in a row
         qkv = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head)
         q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (B, nh, T, hs)
+        past = 0
         if kv_cache is not None:
+            past = kv_cache.pos
             k, v = kv_cache.update(self.layer, k, v)  # (B, nh, past + T, hs)
-        # Causal: a query sees itself and what precedes it. A cache is filled with a whole
-        # prompt from position 0 (causal as usual), then fed one token, which sees them all.
+        # Causal: the query at position past + i sees the keys at 0 .. past + i. With nothing
+        # cached that is SDPA's is_causal; one new token sees every key; several new tokens
+        # after a cache need the causal mask shifted by the cached length.
+        mask = None
+        if past and T > 1:
+            mask = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(past)
         dropout_p = self.resid_dropout.p if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1, dropout_p=dropout_p)
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=past == 0, dropout_p=dropout_p
+        )
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side again
         return self.resid_dropout(self.c_proj(y))
 
@@ -294,9 +305,11 @@ class GPT(nn.Module):
             nn.init.zeros_(module.bias)
 
     def forward(self, idx, targets=None, kv_cache=None):
-        # idx (B, T) token ids -> (logits (B, T, vocab), the mean cross-entropy of the targets
-        # (B, T) that are not -100, or None). With a kv_cache, idx continues the cached
-        # positions. Every use of the model (training, val, sampling, HellaSwag) comes here.
+        # idx (B, T) token ids -> (logits (B, T, vocab), None); with targets (B, T), (None, the
+        # mean cross-entropy of the targets that are not -100): the logits are the step's
+        # largest tensor, and a caller holding them would keep them through the backward pass
+        # into the next step. With a kv_cache, idx continues the cached positions. Every use of
+        # the model (training, val, sampling, HellaSwag) comes here.
         B, T = idx.size()
         past = 0 if kv_cache is None else kv_cache.pos
         pos = torch.arange(past, past + T, dtype=torch.long, device=idx.device)  # (T,)
@@ -311,14 +324,36 @@ class GPT(nn.Module):
         logits = self.lm_head(x)  # (B, T, vocab)
         if targets is None:
             return logits, None
-        return logits, F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        return None, F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+    def flops_per_token(self, T):
+        # FLOPs of a training step per token at context T (forward and backward): 6 per weight
+        # that multiplies, plus attention's 12 x layers x width x T. A table that is only looked
+        # up (the position table; the token table under an untied head) does no matmul.
+        head = self.lm_head.weight
+        n = sum(p.numel() for p in self.parameters())
+        for module in self.modules():
+            if isinstance(module, nn.Embedding) and module.weight is not head:
+                n -= module.weight.numel()
+        return 6 * n + 12 * self.config.n_layer * self.config.n_embd * T
 
     @classmethod
     def from_pretrained(cls, name_or_dir, dropout=0.0):
         # OpenAI's GPT-2 (gpt2, gpt2-medium, gpt2-large, gpt2-xl) or a GPT2LMHeadModel directory
         from transformers import GPT2LMHeadModel
 
-        hf = GPT2LMHeadModel.from_pretrained(name_or_dir)
+        try:
+            hf = GPT2LMHeadModel.from_pretrained(name_or_dir)
+        except Exception as e:
+            # a directory without config.json or with truncated weights, a hub name out of
+            # reach: transformers' many errors, told in one line
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            if not Path(name_or_dir).exists():
+                raise ValueError(
+                    f"{name_or_dir}: no such directory, nor a model the Hugging Face hub gives"
+                    f" here ({reason})"
+                ) from None
+            raise ValueError(f"{name_or_dir}: transformers cannot load it ({reason})") from None
         c = hf.config
         model = cls(GPTConfig(c.n_positions, c.vocab_size, c.n_layer, c.n_head, c.n_embd, dropout))
         sd = model.state_dict()
@@ -396,23 +431,47 @@ class GPT(nn.Module):
 
 def load_model(source, device="cpu", dropout=0.0):
     # (model, tokenizer) from one of our checkpoints (.pt), a Hugging Face GPT-2 directory or a
-    # hub name (these two with GPT-2's tokenizer)
+    # hub name (these two with GPT-2's tokenizer); what cannot load is one ValueError line
     if not str(source).endswith(".pt"):
-        return GPT.from_pretrained(str(source), dropout).to(device), fineweb.get_tokenizer()
+        model = GPT.from_pretrained(str(source), dropout)
+        # GPT-2's tokenizer goes with it: a smaller table would be handed ids it does not hold
+        if model.config.vocab_size < fineweb.GPT2_VOCAB_SIZE:
+            raise ValueError(
+                f"{source}: a vocabulary of {model.config.vocab_size:,} tokens, not GPT-2's"
+                f" {fineweb.GPT2_VOCAB_SIZE:,}: load the .pt checkpoint it was exported from"
+            )
+        return model.to(device), fineweb.get_tokenizer()
     ckpt = load_checkpoint(source)
-    # (a checkpoint of the previous version records a bias flag too: its weights are the same)
-    fields = {k: v for k, v in ckpt["model_config"].items() if k in GPTConfig.__dataclass_fields__}
-    model = GPT(GPTConfig(**{**fields, "dropout": dropout}))
-    model.load_state_dict(ckpt["model"])
-    return model.to(device), fineweb.tokenizer_from_manifest(ckpt["tokenizer"])
+    try:
+        # (a checkpoint of the previous version records a bias flag too: its weights are the same)
+        saved = ckpt["model_config"]
+        fields = {k: v for k, v in saved.items() if k in GPTConfig.__dataclass_fields__}
+        model = GPT(GPTConfig(**{**fields, "dropout": dropout}))
+        model.load_state_dict(ckpt["model"])
+        enc = fineweb.tokenizer_from_manifest(ckpt["tokenizer"])
+    except (KeyError, TypeError, AttributeError, RuntimeError) as e:
+        raise ValueError(f"{source} is not a checkpoint of this GPT ({e})") from None
+    return model.to(device), enc
 
 
 # -----------------------------------------------------------------------------
 # Data: fineweb.py's shards, read in windows
 
 
+def verify_shards(data_root, manifest, vocab_size, rank, world):
+    # Every shard checked before training reads it: its sha256 against manifest.json's and every
+    # id below the vocabulary. That reads the whole corpus once, so the processes of a node
+    # share it: process `rank` of `world` checks every world-th shard (docs/data.md: its cost).
+    for i, entry in enumerate(manifest["shards"]):
+        if i % world != rank:
+            continue
+        problem = fineweb.verify_shard(Path(data_root) / entry["file"], entry, vocab_size)
+        if problem:
+            raise ValueError(f"{problem}; rerun fineweb.py")
+
+
 def load_shards(data_root, split, manifest):
-    # the split's shards (memory-mapped), each checked against manifest.json
+    # the split's shards, memory-mapped, each checked against manifest.json
     shards = []
     for entry in [e for e in manifest["shards"] if e["split"] == split]:
         tokens = np.load(Path(data_root) / entry["file"], mmap_mode="r")
@@ -454,19 +513,26 @@ class DataLoaderLite:
         # than ranks, a step reads on into the next epoch
         if not len(windows(shards, B * T, B * T - 1 if shuffle else 0)):
             raise ValueError("the shards hold no window of B x T + 1 tokens: lower B or T")
+        self.orders = {}  # the window orders of the last two epochs asked for
         self.epoch = 0
         self.pos = 0  # windows of this epoch the world has read
 
-    @functools.lru_cache(maxsize=4)  # this epoch and the next, of the train and val loaders
     def order(self, epoch):
-        # (shard, start) of each window of `epoch` in the order the world reads them
+        # (shard, start) of each window of `epoch` in the order the world reads them; the
+        # previous epoch's is kept too, as a step may straddle two
+        if epoch in self.orders:
+            return self.orders[epoch]
         if not self.shuffle:
-            return windows(self.shards, self.B * self.T)
-        rng = np.random.default_rng([self.seed, epoch])
-        offset = int(rng.integers(self.B * self.T))
-        grid = windows(self.shards, self.B * self.T, offset)
-        shard_order = rng.permutation(len(self.shards))
-        return np.concatenate([rng.permutation(grid[grid[:, 0] == k]) for k in shard_order])
+            order = windows(self.shards, self.B * self.T)
+        else:
+            rng = np.random.default_rng([self.seed, epoch])
+            offset = int(rng.integers(self.B * self.T))
+            grid = windows(self.shards, self.B * self.T, offset)
+            shard_order = rng.permutation(len(self.shards))
+            order = np.concatenate([rng.permutation(grid[grid[:, 0] == k]) for k in shard_order])
+        self.orders = {e: o for e, o in self.orders.items() if e == epoch - 1}
+        self.orders[epoch] = order
+        return order
 
     def locate(self, epoch, i):
         # (epoch, index) of window i of `epoch`, counted on into the next epochs past its end:
@@ -518,7 +584,27 @@ def get_lr(step, max_lr, min_lr, warmup_steps, decay_steps):
 
 
 # -----------------------------------------------------------------------------
-# Distributed set-up
+# Devices and distributed set-up
+
+
+def pick_device(name):
+    # the torch device --device names (auto: cuda, else mps, else cpu), or one ValueError line
+    # saying this machine lacks it
+    if name == "auto":
+        if torch.cuda.is_available():
+            return "cuda"
+        if torch.backends.mps.is_available():
+            return "mps"
+        return "cpu"
+    if not re.fullmatch(r"cpu|mps|cuda(:\d+)?", name):
+        raise ValueError(f"--device {name}: not cpu, cuda, cuda:N or mps")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: this torch sees no CUDA GPU")
+    if name.startswith("cuda:") and int(name[5:]) >= torch.cuda.device_count():
+        raise ValueError(f"--device {name}: this machine has {torch.cuda.device_count()} GPU(s)")
+    if name == "mps" and not torch.backends.mps.is_available():
+        raise ValueError("--device mps: this torch sees no Apple GPU")
+    return name
 
 
 def setup_distributed(device):
@@ -528,16 +614,7 @@ def setup_distributed(device):
     rank = int(os.environ.get("RANK", 0))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
-    if device == "auto":
-        device = (
-            "cuda"
-            if torch.cuda.is_available()
-            else "mps"
-            if torch.backends.mps.is_available()
-            else "cpu"
-        )
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"--device {device}: this torch sees no CUDA GPU")
+    device = pick_device(device)
     if device == "cuda":
         # one GPU per rank; a scheduler that gives each task its own GPU shows it as cuda:0
         device = f"cuda:{local_rank % torch.cuda.device_count()}"
@@ -551,28 +628,72 @@ def setup_distributed(device):
     return ddp, rank, local_rank, world_size, device
 
 
+# Dense bf16 peak FLOP/s of one GPU, from the vendors' datasheets: the denominator of MFU. The
+# first name found in torch.cuda.get_device_name() wins.
+PEAK_BF16_FLOPS = [
+    ("H100 PCIe", 756e12),
+    ("H100 NVL", 835e12),
+    ("H200 NVL", 835e12),
+    ("GH200", 989e12),
+    ("H100", 989e12),
+    ("H200", 989e12),
+    ("B200", 2250e12),
+    ("B100", 1750e12),
+    ("A100", 312e12),
+    ("L40S", 362e12),
+    ("L40", 181e12),
+    ("L4", 121e12),
+    ("RTX 6000 Ada", 364e12),
+    ("RTX A6000", 155e12),
+    ("RTX 4090", 165e12),
+    ("RTX 3090", 71e12),
+    ("MI300X", 1307e12),
+]
+
+
+def peak_flops(device):
+    # one GPU's dense bf16 peak FLOP/s, or None: a CPU, a GPU not in the table or a MIG slice
+    # (a share of its GPU) logs no MFU rather than a wrong one
+    if not device.startswith("cuda"):
+        return None
+    name = torch.cuda.get_device_name(device)
+    if "MIG" in name:
+        return None
+    for model, flops in PEAK_BF16_FLOPS:
+        if model in name:
+            return flops
+    return None
+
+
 # -----------------------------------------------------------------------------
 # Evaluation
 
 
 @torch.no_grad()
-def evaluate_val_loss(model, val_loader, val_steps, amp=None):
+def evaluate_val_loss(model, val_loader, val_steps, amp=None, stop=None):
     # The mean loss over the val split's first val_steps windows of B*T + 1 tokens, as
     # build-nanogpt scores it. Window i is rank i % world's, so the tokens are the same for any
-    # world size; the sum stays on the device (no host sync until the end). amp: an autocast
-    # dtype (torch.bfloat16) or None.
+    # world size; the sums stay on the device (one host sync, at the end). amp: an autocast
+    # dtype (torch.bfloat16) or None. None when a stop was asked for during the pass (on any
+    # rank): it ends early rather than keep a scheduler's grace period waiting.
     val_loader.load_state_dict({"epoch": 0, "pos": 0})
-    sums = torch.zeros(2, device=val_loader.device)  # summed batch losses, batches
+    sums = torch.zeros(3, device=val_loader.device)  # summed batch losses, batches, stops
     model.eval()
     for _ in range(val_loader.rank, val_steps, val_loader.world):
+        if stop is not None and stop.requested():
+            sums[2] = 1
+            break
         x, y = val_loader.next_batch()
         with torch.autocast(x.device.type, amp, enabled=amp is not None):
             _, loss = model(x, y)
-        sums += torch.stack([loss.float(), torch.ones_like(sums[0])])
+        sums[:2] += torch.stack([loss.float(), torch.ones_like(sums[0])])
     model.train()
     if dist.is_initialized():
         dist.all_reduce(sums)
-    return (sums[0] / sums[1]).item()
+    loss_sum, batches, stops = sums.tolist()
+    if stops:
+        return None
+    return loss_sum / batches
 
 
 def sample_texts(
@@ -592,7 +713,7 @@ def sample_texts(
 
 
 # -----------------------------------------------------------------------------
-# Checkpoints and stop signals
+# Checkpoints, the log_dir and stop signals
 
 
 def find_checkpoints(log_dir):
@@ -663,31 +784,133 @@ def choose_checkpoint(resume, log_dir, log):
 def check_resumable(ckpt, model, cfg, data):
     # Refuse, in one line, a resume whose model, batches or data would not be the checkpoint's;
     # every other flag of this run applies from the resumed step on.
+    fix = "(a new run from its weights: --init_from)"
+    missing = {"train_config", "optimizers", "loader", "data", "spike_history"} - ckpt.keys()
+    if missing:
+        raise ValueError(f"resume: an older train_gpt2.py wrote it (no {min(missing)}) {fix}")
     saved = ckpt["train_config"]
-    model_config = {**ckpt["model_config"], "dropout": cfg.dropout}
-    order = ["batch_size", "seq_len", "total_batch_size", "shuffle", "seed", "optimizer"]
-    rules = [(saved[k] == getattr(cfg, k), f"--{k} was {saved[k]}") for k in order] + [
-        (model_config == dataclasses.asdict(model.config), f"its model is {model_config}"),
-        (ckpt["data"] == data, "its data (tokenizer, corpus) differs"),
-        (cfg.max_steps >= ckpt["step"], f"it is at step {ckpt['step']}, past --max_steps"),
-    ]
-    for ok, message in rules:
-        if not ok:
-            raise ValueError(f"resume: {message} (a new run from its weights: --init_from)")
+    for name in ("batch_size", "seq_len", "total_batch_size", "shuffle", "seed", "optimizer"):
+        if saved.get(name) != getattr(cfg, name):
+            raise ValueError(f"resume: --{name} was {saved.get(name)} {fix}")
+    ours = dataclasses.asdict(model.config)
+    for name, value in ckpt["model_config"].items():
+        if name != "dropout" and ours.get(name) != value:
+            raise ValueError(
+                f"resume: its model's {name} is {value}, this one's {ours.get(name)} {fix}"
+            )
+    if ckpt["data"] != data:
+        raise ValueError(f"resume: its data (tokenizer, corpus) differs {fix}")
+    if cfg.max_steps < ckpt["step"]:
+        raise ValueError(f"resume: it is at step {ckpt['step']}, past --max_steps {fix}")
+
+
+def free_log_dir(log_dir):
+    # the first of LOG_DIR-2, LOG_DIR-3, ... that does not exist: a directory to offer a new run
+    n = 2
+    while Path(f"{log_dir}-{n}").exists():
+        n += 1
+    return f"{log_dir}-{n}"
 
 
 def lock_log_dir(log_dir, log):
     # One run per log_dir: an exclusive flock on log_dir/.lock, which the kernel drops when the
-    # process ends (a killed run leaves no stale lock). Returns the open lock file.
+    # process ends (a killed run leaves no stale lock). The file names its holder, for the
+    # refusal. Returns the open lock file.
     log_dir.mkdir(parents=True, exist_ok=True)
-    lock = open(log_dir / ".lock", "a")
+    lock = open(log_dir / ".lock", "a+")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        raise ValueError(f"{log_dir} is in use by another run; pick another --log_dir") from None
+        lock.seek(0)
+        holder = lock.read().strip() or "another process"
+        lock.close()
+        raise ValueError(
+            f"{log_dir} is in use by another run ({holder}): pass another --log_dir"
+            f" ({free_log_dir(log_dir)} is free)"
+        ) from None
     except OSError as e:
         log(f"warning: no file locks in {log_dir} ({e.strerror}): keep other runs out of it")
+    lock.truncate(0)
+    lock.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+    lock.flush()
     return lock
+
+
+def check_log_dir(log_dir, start_step, continues, resume):
+    # A run writes only into an empty log_dir or into the run it continues (it resumed from one
+    # of its checkpoints): never over what another run made. Refused in one line that names a
+    # free directory. --resume auto with no whole checkpoint starts its log_dir's run again.
+    checkpoints = find_checkpoints(log_dir)
+    later = [path for step, path in checkpoints if step > start_step]
+    free = free_log_dir(log_dir)
+    if continues and later and resume != "auto":
+        raise ValueError(
+            f"{log_dir} holds checkpoints up to {later[-1].name}, past step {start_step} where"
+            f" this run resumes: continue from the newest with --resume auto, or pass a new"
+            f" --log_dir ({free} is free)"
+        )
+    made = [name for name in ("log.txt", "runs.jsonl") if (log_dir / name).exists()]
+    if not continues and resume != "auto" and (checkpoints or made):
+        held = f"checkpoints up to {checkpoints[-1][1].name}" if checkpoints else made[0]
+        raise ValueError(
+            f"{log_dir} holds another run ({held}), which this one does not continue: pass a"
+            f" new --log_dir ({free} is free), or continue that run with --resume auto"
+        )
+
+
+def open_lines(path):
+    # path opened to append whole lines: a last line torn by a kill or a full disk is ended
+    # first, so that the next record is not joined to it
+    f = open(path, "a")
+    if f.tell() > 0:
+        with open(path, "rb") as old:
+            old.seek(-1, os.SEEK_END)
+            if old.read(1) != b"\n":
+                f.write("\n")
+    return f
+
+
+def keep(log_dir, stem, suffix, data):
+    # data kept once as log_dir/code/{stem}-{hash of data}{suffix}; the path, relative
+    name = Path("code") / f"{stem}-{hashlib.sha256(data).hexdigest()[:12]}{suffix}"
+    if not (log_dir / name).exists():
+        (log_dir / "code").mkdir(exist_ok=True)
+        fineweb.write_atomic(log_dir / name, lambda f: f.write(data))
+    return str(name)
+
+
+def git_state(log_dir):
+    # {commit, diff} of the git checkout this file is in (`git diff HEAD` kept in code/, or None
+    # when clean), or None outside a checkout or without git
+    here = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=30
+        )
+        diff = subprocess.run(["git", "diff", "HEAD"], cwd=here, capture_output=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if commit.returncode or diff.returncode:
+        return None
+    kept = keep(log_dir, "git", ".diff", diff.stdout) if diff.stdout else None
+    return {"commit": commit.stdout.strip(), "diff": kept}
+
+
+def record_run(log_dir, record):
+    # One line a start in runs.jsonl: the record, and what produced the run: this file's source
+    # as it ran (kept in code/), its git commit and diff, the versions and the time. plot.py
+    # compares two runs' configs and code from these.
+    source = Path(__file__).read_bytes()
+    record["code"] = keep(log_dir, Path(__file__).stem, ".py", source)
+    record["git"] = git_state(log_dir)
+    record["versions"] = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+    }
+    record["time"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    with open_lines(log_dir / "runs.jsonl") as f:
+        f.write(json.dumps(record) + "\n")
 
 
 # SIGINT (Ctrl-C), SIGTERM and SIGUSR1 (schedulers), SIGHUP (a closed terminal) ask a run to stop.
@@ -695,28 +918,39 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
 
 
 class StopSignal:
-    # The stop signals only ask: the run ends at its step's end with a checkpoint, also when
-    # asked twice. They are blocked in this thread too, so that processes started meanwhile
-    # (torch.compile's compilers) inherit them blocked: Ctrl-C to the whole process group stops
-    # the run, never a compiler halfway.
+    # During the loop the stop signals only ask: the run ends at its step's end with a
+    # checkpoint, also when asked twice. They are blocked in this thread too, so that processes
+    # started meanwhile (torch.compile's compilers) inherit them blocked: Ctrl-C to the whole
+    # process group stops the run, never a compiler halfway. SIGINT and SIGHUP stay ignored if
+    # the program was started ignoring them (nohup, a shell's background job); SIGTERM and
+    # SIGUSR1 are a scheduler's, and always ask.
+
+    def __init__(self, log):
+        self.log = log
+        self.name = None  # the signal that asked
+        self.told = False  # whether the console has been told
 
     def __enter__(self):
-        self.name = None  # the signal that asked
         self.previous = {}
         for sig in STOP_SIGNALS:
-            if signal.getsignal(sig) != signal.SIG_IGN:
-                self.previous[sig] = signal.signal(sig, self.handle)
+            kept_ignored = sig in (signal.SIGINT, signal.SIGHUP)
+            if kept_ignored and signal.getsignal(sig) == signal.SIG_IGN:
+                continue
+            self.previous[sig] = signal.signal(sig, self.handle)
         signal.pthread_sigmask(signal.SIG_BLOCK, self.previous)
         return self
 
     def handle(self, signum, frame):
-        self.name = signal.Signals(signum).name
+        self.name = self.name or signal.Signals(signum).name
 
     def requested(self):
         # a signal sent while blocked waits as pending: take it now
         for sig in signal.sigpending() & set(self.previous):
             signal.sigwait([sig])
-            self.name = signal.Signals(sig).name
+            self.handle(sig, None)
+        if self.name and not self.told:
+            self.told = True
+            self.log(f"{self.name}: the run stops at the end of this step, with a checkpoint")
         return self.name is not None
 
     def __exit__(self, *exc):
@@ -729,14 +963,36 @@ class StopSignal:
 # Training
 
 
+def micro_steps(cfg, world_size):
+    # the batch arithmetic: B x T tokens per micro-step and rank, accumulated to the total
+    tokens = cfg.batch_size * cfg.seq_len * world_size
+    if cfg.total_batch_size % tokens == 0:
+        return cfg.total_batch_size // tokens
+    sizes = range(cfg.batch_size, 0, -1)
+    fits = [b for b in sizes if cfg.total_batch_size % (b * cfg.seq_len * world_size) == 0]
+    hint = f"pass --batch_size {fits[0]}" if fits else "change --total_batch_size"
+    raise ValueError(
+        f"--total_batch_size {cfg.total_batch_size:,} is not a multiple of B x T x ranks ="
+        f" {cfg.batch_size} x {cfg.seq_len} x {world_size}: {hint}"
+    )
+
+
 def build_model(cfg, enc):
     # from scratch with cfg's shape, or --init_from's weights; either way cfg's dropout
     if cfg.init_from == "scratch":
         # the data's tokenizer's ids; GPT-2's 50,257 padded to 50,304 (a multiple of 128): faster
         vocab_size = 50304 if enc.name == "gpt2" else enc.n_vocab
-        return GPT(
-            GPTConfig(cfg.seq_len, vocab_size, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.dropout)
+        config = GPTConfig(
+            cfg.seq_len, vocab_size, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.dropout
         )
+        try:
+            return GPT(config)
+        except RuntimeError as e:
+            if "memory" not in str(e):
+                raise
+            raise ValueError(
+                f"{config} does not fit in memory: lower --n_layer or --n_embd"
+            ) from None
     model, model_enc = load_model(cfg.init_from, dropout=cfg.dropout)
     same_tokens = fineweb.tokenizer_info(model_enc) == fineweb.tokenizer_info(enc)
     if not same_tokens or cfg.seq_len > model.config.block_size:
@@ -745,59 +1001,95 @@ def build_model(cfg, enc):
 
 
 class Metrics:
-    # Every metric goes through report(): a line on stdout, `step kind value` lines in log.txt
-    # (kept open, one whole write per report) and wandb.
+    # Every metric goes through report(): a line on the console, `step kind value` lines in
+    # log.txt (kept open, one whole write per report) and wandb. A training step's console line
+    # also says how much time is left at the pace so far.
 
-    def __init__(self, log_dir, wandb_run, log):
+    def __init__(self, log_dir, max_steps, wandb_run, log):
         # (log_dir None: another rank's, whose metrics go nowhere)
-        self.file = open(Path(log_dir) / "log.txt" if log_dir else os.devnull, "a")
+        self.path = Path(log_dir) / "log.txt" if log_dir else Path(os.devnull)
+        self.file = open_lines(self.path)
+        self.max_steps = max_steps
         self.wandb_run = wandb_run
         self.log = log
+        self.first = None  # (time, step) of the first training step reported
 
     def report(self, step, **values):
-        self.log(f"step {step:5d} | " + " | ".join(f"{k} {v:.6g}" for k, v in values.items()))
-        self.file.write("".join(f"{step} {k} {v:.6g}\n" for k, v in values.items()))
-        self.file.flush()
+        line = f"step {step:5d}/{self.max_steps} | "
+        line += " | ".join(f"{k} {v:.6g}" for k, v in values.items())
+        if "train" in values:
+            line += f" | {self.time_left(step)}"
+        self.log(line)
+        try:
+            self.file.write("".join(f"{step} {k} {v:.6g}\n" for k, v in values.items()))
+            self.file.flush()
+        except OSError as e:
+            raise OSError(f"cannot write {self.path}: {e.strerror or e}") from None
         if self.wandb_run is not None:
             self.wandb_run.log(values, step=step)
+
+    def time_left(self, step):
+        # the remaining steps at the mean pace since the first one (evaluations included)
+        now = time.time()
+        if self.first is None:
+            self.first = (now, step)
+        if step == self.first[1]:
+            return "eta -"
+        seconds = (now - self.first[0]) / (step - self.first[1]) * (self.max_steps - step - 1)
+        return f"eta {seconds // 3600:.0f}h{seconds % 3600 // 60:02.0f}m"
 
 
 def train(cfg, log=print):
     # Train as configured (one process, or one rank of a torchrun launch); the final metrics.
-    with StopSignal() as stop:
-        ddp, rank, local_rank, world_size, device = setup_distributed(cfg.device)
-        # rank 0 holds the lock; the others hold nothing (os.devnull)
-        lock = lock_log_dir(Path(cfg.log_dir), log) if rank == 0 else open(os.devnull)
-        try:
-            return run(
-                cfg, stop, ddp, rank, world_size, device, log if rank == 0 else lambda *a: None
-            )
-        finally:
+    # Rank 0 holds log_dir's lock and alone writes there; a start that fails before writing
+    # anything leaves no directory it made.
+    ddp, rank, local_rank, world_size, device = setup_distributed(cfg.device)
+    log = log if rank == 0 else lambda *args: None
+    log_dir = Path(cfg.log_dir)
+    made_log_dir = not log_dir.exists()
+    lock = None
+    try:
+        if rank == 0:
+            lock = lock_log_dir(log_dir, log)
+        return run(cfg, rank, local_rank, world_size, device, log)
+    finally:
+        if lock is not None:
             lock.close()
-            if ddp:
-                dist.destroy_process_group()
+        if lock is not None and made_log_dir and os.listdir(log_dir) == [".lock"]:
+            os.remove(log_dir / ".lock")
+            os.rmdir(log_dir)
+        if ddp:
+            dist.destroy_process_group()
 
 
-def run(cfg, stop, ddp, rank, world_size, device, log):
+def run(cfg, rank, local_rank, world_size, device, log):
     device_type = device.split(":")[0]
     master_process = rank == 0
+    ddp = dist.is_initialized()
     B = cfg.batch_size
     T = cfg.seq_len
-    # the batch arithmetic: B x T tokens per micro-step and rank, accumulated to the total
-    if cfg.total_batch_size % (B * T * world_size):
-        raise ValueError(f"--total_batch_size is not a multiple of B x T x {world_size} ranks")
-    grad_accum_steps = cfg.total_batch_size // (B * T * world_size)
+    grad_accum_steps = micro_steps(cfg, world_size)
 
-    # data: what fineweb.py wrote, checked against its manifest
+    # data: what fineweb.py wrote, each shard checked against its manifest before training
+    # reads it (the processes of a node share the check; each node checks its own copy)
     manifest = fineweb.load_corpus(cfg.data_root)
+    if "note" in manifest:
+        log(f"note: {manifest['note']}")
     enc = fineweb.tokenizer_from_manifest(manifest)
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    verify_shards(cfg.data_root, manifest, enc.n_vocab, local_rank, local_world)
     data = {"tokenizer": fineweb.tokenizer_info(enc), "fingerprint": manifest["fingerprint"]}
     train_shards = load_shards(cfg.data_root, "train", manifest)
     # val: the first val_tokens + 1 tokens of the val split (fineweb.py makes it one shard), read
     # in windows of B*T + 1; bits per byte = loss * tokens / (ln 2 * the targets' UTF-8 bytes)
     val_shard = load_shards(cfg.data_root, "val", manifest)[0]
     if cfg.eval_interval and cfg.val_tokens >= len(val_shard):
-        raise ValueError(f"--val_tokens {cfg.val_tokens:,} is more than the val split holds")
+        fits = (len(val_shard) - 1) // (B * T) * (B * T)
+        hint = f"pass --val_tokens {fits}" if fits else "lower --batch_size or --seq_len"
+        raise ValueError(
+            f"--val_tokens {cfg.val_tokens:,} is more than the val split holds"
+            f" ({len(val_shard):,} tokens): {hint}, or --eval_interval 0"
+        )
     bytes_of_val = int(fineweb.token_byte_lengths(enc)[val_shard[1 : cfg.val_tokens + 1]].sum())
     val_loader = (
         DataLoaderLite([val_shard], B, T, rank, world_size, device=device)
@@ -837,7 +1129,7 @@ def run(cfg, stop, ddp, rank, world_size, device, log):
         dist.broadcast_object_list(chosen)
     path = chosen[0]
     # a checkpoint of this log_dir: the same run goes on (its wandb run too)
-    ours = path is not None and path.resolve().parent == log_dir.resolve()
+    continues = path is not None and path.resolve().parent == log_dir.resolve()
     start_step = 0
     history = []  # (loss, norm) of the recent updates, for --skip_spikes
     wandb_id = None
@@ -853,21 +1145,16 @@ def run(cfg, stop, ddp, rank, world_size, device, log):
         train_loader.load_state_dict(ckpt["loader"])
         start_step = ckpt["step"]
         history = ckpt["spike_history"]
-        wandb_id = ckpt["wandb_id"] if ours else None
+        wandb_id = ckpt["wandb_id"] if continues else None
         log(f"resumed from {path} at step {start_step}")
+        if cfg.init_from != "scratch":
+            log(f"note: --init_from {cfg.init_from} not applied: the run goes on from {path}")
 
-    # log_dir holds nothing later than this run's start (a run never writes over another's),
-    # then the run's record and its metrics' sinks
+    # log_dir (rank 0's, locked): nothing another run made is written over; then the run's
+    # record and its metrics' sinks
     wandb_run = None
     if master_process:
-        # nor, unless the run continues them, any other (--keep_last would delete them)
-        clash = [p for s, p in find_checkpoints(log_dir) if s > start_step or not ours]
-        if clash and cfg.resume != "auto":
-            raise ValueError(
-                f"{log_dir} holds checkpoints up to {clash[-1].name}, which this run (from step"
-                f" {start_step}) does not continue: continue them with --resume auto, or pass a"
-                " new --log_dir"
-            )
+        check_log_dir(log_dir, start_step, continues, cfg.resume)
         if cfg.wandb_project:
             import wandb
 
@@ -884,10 +1171,10 @@ def run(cfg, stop, ddp, rank, world_size, device, log):
             "config": dataclasses.asdict(cfg),
             "data": dict(data, dataset=manifest.get("dataset")),
             "world_size": world_size,
+            "device": torch.cuda.get_device_name(device) if device_type == "cuda" else device,
         }
-        with open(log_dir / "runs.jsonl", "a") as f:
-            f.write(json.dumps(record) + "\n")
-    metrics = Metrics(log_dir if master_process else None, wandb_run, log)
+        record_run(log_dir, record)
+    metrics = Metrics(log_dir if master_process else None, cfg.max_steps, wandb_run, log)
     epochs = (cfg.max_steps - start_step) * cfg.total_batch_size / sum(map(len, train_shards))
     log(
         f"{B} x {T} x {world_size} rank(s) x {grad_accum_steps} micro-steps ="
@@ -907,134 +1194,149 @@ def run(cfg, stop, ddp, rank, world_size, device, log):
     if cfg.compile == "true" or (cfg.compile == "auto" and device_type == "cuda"):
         # after DDP: dynamo splits the graph at DDP's buckets, so all-reduces overlap backward
         model = torch.compile(model)
+    # MFU: the FLOPs of a step against the GPUs' peak (None off CUDA or on an unknown GPU)
+    peak = peak_flops(device)
+    flops_per_step = raw_model.flops_per_token(T) * cfg.total_batch_size
     val_loss = None
     stopping = False
-    for step in range(start_step, cfg.max_steps + 1):
-        last_step = step == cfg.max_steps
 
-        # checkpoint every ckpt_interval steps, at the end, and when a stop was asked for
-        due = cfg.ckpt_interval and step % cfg.ckpt_interval == 0
-        if step > start_step and (due or last_step or stopping):
-            checkpoint = {
-                "model": raw_model.state_dict(),
-                "optimizers": [opt.state_dict() for opt in optimizers],
-                "model_config": dataclasses.asdict(raw_model.config),
-                "train_config": dataclasses.asdict(cfg),
-                "step": step,
-                "val_loss": val_loss,
-                "loader": train_loader.state_dict(),
-                "spike_history": history,
-                "data": data,
-                "tokenizer": data["tokenizer"],
-                "wandb_id": wandb_id,
-            }
-            if master_process:
-                save_checkpoint(log_dir / f"model_{step:05d}.pt", checkpoint)
-                # --keep_last: only this log_dir's older checkpoints go
-                for s, old in find_checkpoints(log_dir)[: -cfg.keep_last or None]:
-                    if cfg.keep_last and s < step:
-                        old.unlink()
+    # The loop. From here on a stop signal only asks: the run ends at a step's end with a
+    # checkpoint. (Before, its default action ends the program: nothing worth keeping is
+    # written yet.)
+    with StopSignal(log) as stop:
+        for step in range(start_step, cfg.max_steps + 1):
+            last_step = step == cfg.max_steps
+
+            # validation loss (and bits per byte) every eval_interval steps and at the end; a
+            # stop asked for meanwhile ends the pass early and skips the rest of evaluation
+            if cfg.eval_interval and (step % cfg.eval_interval == 0 or last_step) and not stopping:
+                loss = evaluate_val_loss(model, val_loader, cfg.val_tokens // (B * T), amp, stop)
+                stopping = loss is None
+                if loss is not None:
+                    val_loss = loss
+                    bpb = val_loss * cfg.val_tokens / (math.log(2) * bytes_of_val)
+                    metrics.report(step, val=val_loss, bpb=bpb)
+
+            # HellaSwag every hellaswag_interval steps and at the end
+            hella_due = hella is not None and (step % cfg.hellaswag_interval == 0 or last_step)
+            if hella_due and not stopping:
+                result = hellaswag.evaluate(raw_model, hella, device, rank, world_size, amp)
+                metrics.report(step, hella=result["acc_norm"])
+
+            # samples from the model, rank 0 only
+            sample_due = cfg.sample_interval and (step % cfg.sample_interval == 0 or last_step)
+            if master_process and sample_due and not stopping:
+                texts = sample_texts(
+                    raw_model, enc, cfg.sample_prompt, 4, cfg.sample_length, seed=cfg.seed
+                )
+                for i, text in enumerate(texts):
+                    log(f"sample {i}: {text}")
+
+            # checkpoint every ckpt_interval steps, at the end, and when a stop was asked for
+            ckpt_due = cfg.ckpt_interval and step % cfg.ckpt_interval == 0
+            if step > start_step and (ckpt_due or last_step or stopping):
+                checkpoint = {
+                    "model": raw_model.state_dict(),
+                    "optimizers": [opt.state_dict() for opt in optimizers],
+                    "model_config": dataclasses.asdict(raw_model.config),
+                    "train_config": dataclasses.asdict(cfg),
+                    "step": step,
+                    "val_loss": val_loss,
+                    "loader": train_loader.state_dict(),
+                    "spike_history": history,
+                    "data": data,
+                    "tokenizer": data["tokenizer"],
+                    "wandb_id": wandb_id,
+                }
+                if master_process:
+                    save_checkpoint(log_dir / f"model_{step:05d}.pt", checkpoint)
+                    log(f"saved {log_dir / f'model_{step:05d}.pt'}")
+                    # --keep_last: only this log_dir's older checkpoints go
+                    for s, old in find_checkpoints(log_dir)[: -cfg.keep_last or None]:
+                        if cfg.keep_last and s < step:
+                            old.unlink()
+                if ddp:
+                    dist.barrier()  # nobody races ahead (or exits) before the file exists
+                if master_process:
+                    plot.refresh(log_dir, log, force=last_step or stopping)
+            if stopping:
+                log(f"{stop.name or 'a stop request on another rank'}: stopped at step {step}")
+                break
+            if last_step:
+                break
+
+            # one optimization step: grad_accum_steps micro-steps of B x T tokens
+            t0 = time.time()
+            if cfg.overfit_batch:
+                # the run's first batch at every step, on any number of ranks and after a resume
+                train_loader.load_state_dict({"epoch": 0, "pos": 0})
+            model.zero_grad(set_to_none=True)
+            loss_accum = torch.zeros((), device=device)
+            for micro_step in range(grad_accum_steps):
+                x, y = train_loader.next_batch()
+                # dropout's random numbers are the window's (the run's n-th read): the same on
+                # any number of ranks and after a resume, with no random state to save
+                window = (step * grad_accum_steps + micro_step) * world_size + rank
+                torch.manual_seed(cfg.seed + window)
+                if ddp:
+                    # all-reduce the gradients only after the last micro-step's backward
+                    model.require_backward_grad_sync = micro_step == grad_accum_steps - 1
+                with torch.autocast(device_type, amp, enabled=amp is not None):
+                    _, loss = model(x, y)
+                # The loss is a mean over B x T tokens; divided by the micro-steps, the summed
+                # gradients are those of the mean over the whole batch.
+                loss = loss / grad_accum_steps
+                loss_accum += loss.detach()
+                loss.backward()
+            # One all-reduce and one host sync a step: the loss, the gradient norm, and whether
+            # a rank was asked to stop (all ranks stop together).
+            asked = torch.full((), float(stop.requested()), device=device)
+            shared = torch.stack([loss_accum / world_size, asked])
             if ddp:
-                dist.barrier()  # nobody races ahead (or exits) before the file exists
-            if master_process:
-                plot.refresh(log_dir, log, force=last_step or stopping)
-        if stopping:
-            log(f"{stop.name or 'a stop request on another rank'}: stopped at step {step}")
-            break
-
-        # validation loss (and bits per byte) every eval_interval steps and at the end
-        if cfg.eval_interval and (step % cfg.eval_interval == 0 or last_step):
-            val_loss = evaluate_val_loss(model, val_loader, cfg.val_tokens // (B * T), amp)
-            bpb = val_loss * cfg.val_tokens / (math.log(2) * bytes_of_val)
-            metrics.report(step, val=val_loss, bpb=bpb)
-
-        # HellaSwag every hellaswag_interval steps and at the end
-        if hella is not None and (step % cfg.hellaswag_interval == 0 or last_step):
-            result = hellaswag.evaluate(raw_model, hella, device, rank, world_size, amp)
-            metrics.report(step, hella=result["acc_norm"])
-
-        # samples from the model, rank 0 only
-        if (
-            master_process
-            and cfg.sample_interval
-            and (step % cfg.sample_interval == 0 or last_step)
-        ):
-            texts = sample_texts(
-                raw_model, enc, cfg.sample_prompt, 4, cfg.sample_length, seed=cfg.seed
-            )
-            for i, text in enumerate(texts):
-                log(f"sample {i}: {text}")
-        if last_step:
-            break
-
-        # one optimization step: grad_accum_steps micro-steps of B x T tokens
-        t0 = time.time()
-        if cfg.overfit_batch:
-            # the run's first batch at every step, on any number of ranks and after a resume
-            train_loader.load_state_dict({"epoch": 0, "pos": 0})
-        model.zero_grad(set_to_none=True)
-        loss_accum = torch.zeros((), device=device)
-        for micro_step in range(grad_accum_steps):
-            x, y = train_loader.next_batch()
-            # dropout's random numbers are the window's (the run's n-th read): the same on any
-            # number of ranks and after a resume, with no random state to save
-            torch.manual_seed(cfg.seed + (step * grad_accum_steps + micro_step) * world_size + rank)
-            if ddp:
-                # all-reduce the gradients only after the last micro-step's backward
-                model.require_backward_grad_sync = micro_step == grad_accum_steps - 1
-            with torch.autocast(device_type, amp, enabled=amp is not None):
-                logits, loss = model(x, y)
-            # The loss is a mean over B x T tokens; divided by the micro-steps, the summed
-            # gradients are those of the mean over the whole batch.
-            loss = loss / grad_accum_steps
-            loss_accum += loss.detach()
-            loss.backward()
-        # One all-reduce and one host sync a step: the loss, the gradient norm, and whether a
-        # rank was asked to stop (all ranks stop together).
-        shared = torch.stack(
-            [loss_accum / world_size, torch.full((), float(stop.requested()), device=device)]
-        )
-        if ddp:
-            dist.all_reduce(shared)
-        norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg.grad_clip or math.inf)
-        loss_value, stops, norm = torch.cat([shared, norm.view(1)]).tolist()
-        stopping = stops > 0
-        # the schedule: min_lr is max_lr / 10 (GPT-2's recipe, 6e-4 -> 6e-5)
-        lr = get_lr(step, cfg.max_lr, cfg.max_lr / 10, cfg.warmup_steps, cfg.max_steps)
-        for opt in optimizers:
-            for group in opt.param_groups:
-                group["lr"] = lr * group.get("lr_scale", 1.0)  # Muon runs at its own peak
-
-        # A non-finite update stops the run (or is skipped). With --skip_spikes, each step's
-        # z-score (loss or norm against the last 128 updates) is logged; above Z, it is skipped.
-        skip = not math.isfinite(loss_value + norm)
-        if skip and not cfg.skip_nonfinite:
-            raise ValueError(
-                f"non-finite loss {loss_value} or grad norm {norm} at step {step}: lower"
-                " --max_lr, or pass --skip_nonfinite true; --resume auto continues from the"
-                " last checkpoint"
-            )
-        if not skip and cfg.skip_spikes and len(history) >= 16:
-            past = np.array(history)  # (n, 2)
-            z = ((np.array([loss_value, norm]) - past.mean(0)) / (past.std(0) + 1e-8)).max()
-            skip = z > cfg.skip_spikes
-            metrics.report(step, spike=z)
-        if not skip:
+                dist.all_reduce(shared)
+            norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg.grad_clip or math.inf)
+            loss_value, stops, norm = torch.cat([shared, norm.view(1)]).tolist()
+            stopping = stops > 0
+            # the schedule: min_lr is max_lr / 10 (GPT-2's recipe, 6e-4 -> 6e-5)
+            lr = get_lr(step, cfg.max_lr, cfg.max_lr / 10, cfg.warmup_steps, cfg.max_steps)
             for opt in optimizers:
-                opt.step()
-            history = (history + [[loss_value, norm]])[-128:]
+                for group in opt.param_groups:
+                    group["lr"] = lr * group.get("lr_scale", 1.0)  # Muon runs at its own peak
 
-        # the log line; the step's time includes its wait for the GPU (the sync above)
-        dt = time.time() - t0
-        metrics.report(
-            step,
-            train=loss_value,
-            lr=lr,
-            norm=norm,
-            ms=dt * 1000,
-            tok_per_s=cfg.total_batch_size / dt,
-            epoch=train_loader.epochs_read(),
-        )
+            # A non-finite update stops the run (or is skipped). With --skip_spikes, each step's
+            # z-score (loss or norm against the last 128 updates) is logged; above Z, skipped.
+            skip = not math.isfinite(loss_value + norm)
+            if skip and not cfg.skip_nonfinite:
+                raise ValueError(
+                    f"non-finite loss {loss_value} or grad norm {norm} at step {step}: lower"
+                    " --max_lr, or pass --skip_nonfinite true; --resume auto continues from the"
+                    " last checkpoint"
+                )
+            if not skip and cfg.skip_spikes and len(history) >= 16:
+                past = np.array(history)  # (n, 2)
+                z = ((np.array([loss_value, norm]) - past.mean(0)) / (past.std(0) + 1e-8)).max()
+                skip = z > cfg.skip_spikes
+                metrics.report(step, spike=z)
+            if not skip:
+                for opt in optimizers:
+                    opt.step()
+                history = (history + [[loss_value, norm]])[-128:]
+
+            # the log line; the step's time includes its wait for the GPU (the sync above)
+            dt = time.time() - t0
+            values = dict(
+                train=loss_value,
+                lr=lr,
+                norm=norm,
+                ms=dt * 1000,
+                tok_per_s=cfg.total_batch_size / dt,
+                epoch=train_loader.epochs_read(),
+            )
+            if peak:
+                values["mfu"] = flops_per_step / dt / (peak * world_size)
+            metrics.report(step, **values)
+    if wandb_run is not None:
+        wandb_run.finish()
     return {"step": step, "val_loss": val_loss, "stopped": stopping, "log_dir": str(log_dir)}
 
 
@@ -1049,8 +1351,9 @@ def true_or_false(text):
 
 def parse_args(argv):
     # --preset NAME replaces TrainConfig's defaults; then every field is a flag, typed by its
-    # default and documented by its comment, so explicit flags override the preset
-    first = argparse.ArgumentParser(add_help=False)
+    # annotation and documented by the comment on its line (if any), so explicit flags override
+    # the preset
+    first = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     first.add_argument("--preset", choices=sorted(PRESETS))
     defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
     defaults.update(PRESETS.get(first.parse_known_args(argv)[0].preset, {}))
@@ -1064,11 +1367,15 @@ def parse_args(argv):
         description="Train GPT-2 (README.md has the recipes).",
         epilog=f"On this machine: {here}.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        allow_abbrev=False,
     )
     parser.add_argument("--preset", choices=sorted(PRESETS), help="a recipe; flags override it")
-    for name, default in defaults.items():
-        kind = true_or_false if isinstance(default, bool) else type(default)
-        parser.add_argument(f"--{name}", type=kind, default=default, help=helps[name])
+    for field in dataclasses.fields(TrainConfig):
+        kind = field.type if isinstance(field.type, type) else type(field.default)
+        kind = true_or_false if kind is bool else kind
+        parser.add_argument(
+            f"--{field.name}", type=kind, default=defaults[field.name], help=helps.get(field.name)
+        )
     args = vars(parser.parse_args(argv))
     args.pop("preset")
     try:
@@ -1078,25 +1385,48 @@ def parse_args(argv):
 
 
 def continue_command(argv):
-    # the command that continues a stopped run, shell-quoted: its flags, then --resume auto
-    # (the last --resume wins); under torchrun, on one node (several: each with its own flags)
+    # the command that continues a stopped run, shell-quoted: its flags (less --resume), then
+    # --resume auto; under torchrun, on one node (several: each with its own flags)
     launcher = (
         ["torchrun", "--standalone", f"--nproc_per_node={os.environ['LOCAL_WORLD_SIZE']}"]
         if "LOCAL_WORLD_SIZE" in os.environ
         else ["python"]
     )
-    return shlex.join(launcher + [os.path.relpath(__file__), *argv, "--resume", "auto"])
+    args = iter(argv)
+    kept = []
+    for arg in args:
+        if arg == "--resume":
+            next(args, None)  # and its value
+        elif not arg.startswith("--resume="):
+            kept.append(arg)
+    return shlex.join(launcher + [os.path.relpath(__file__), *kept, "--resume", "auto"])
+
+
+def console(line):
+    # a line on stdout; a closed stdout (`| head`, a gone terminal) ends the printing, not the
+    # run: log.txt and the checkpoints are what must survive
+    try:
+        print(line, flush=True)
+    except OSError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     cfg = parse_args(argv)
     try:
-        result = train(cfg)
+        result = train(cfg, log=console)
+    except torch.OutOfMemoryError:
+        sys.exit(
+            "train_gpt2.py: error: out of GPU memory: lower --batch_size (gradient accumulation"
+            " keeps --total_batch_size), or the model's size"
+        )
     except (ValueError, OSError) as e:
         sys.exit(f"train_gpt2.py: error: {' '.join(str(e).split())}")
+    except KeyboardInterrupt:
+        sys.exit("train_gpt2.py: interrupted outside the training loop; checkpoints as they were")
     if result["stopped"] and os.environ.get("RANK", "0") == "0":
-        print(f"to continue: {continue_command(argv)}")
+        console(f"to continue: {continue_command(argv)}")
 
 
 if __name__ == "__main__":

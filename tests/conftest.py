@@ -238,6 +238,17 @@ def one_line_error(returncode, stderr, prefix, message=""):
     assert message in lines[0], lines[0]
 
 
+def run_main(main, argv, capsys):
+    """main(argv) in this process, as a shell would see it: (exit status, stderr)."""
+    with pytest.raises(SystemExit) as exit:
+        main([str(a) for a in argv])
+    code = exit.value.code
+    err = capsys.readouterr().err
+    if isinstance(code, str):  # sys.exit(message): Python prints it and exits 1
+        return 1, err + code + "\n"
+    return code or 0, err
+
+
 def main_error(main, argv):
     """The one-line error a program's main(argv) exits with, in this process."""
     with pytest.raises(SystemExit) as exit:

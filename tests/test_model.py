@@ -42,7 +42,8 @@ def test_the_loss_is_the_mean_cross_entropy_of_the_logits_ignoring_minus_100(mod
     idx = torch.randint(0, CONFIG.vocab_size, (2, 10))
     targets = torch.randint(0, CONFIG.vocab_size, (2, 10))
     targets[0, :4] = -100
-    logits, loss = model(idx, targets)
+    logits, _ = model(idx)
+    _, loss = model(idx, targets)
     picked = logits[targets != -100].log_softmax(-1)
     expected = -picked.gather(1, targets[targets != -100][:, None]).mean()
     torch.testing.assert_close(loss, expected)
@@ -57,6 +58,18 @@ def test_the_kv_cache_samples_what_the_whole_window_does(model):
         logits, _ = model(idx[:, -CONFIG.block_size :])
         idx = torch.cat([idx, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
     assert torch.equal(cached, idx)
+
+
+def test_a_cache_fed_any_number_of_tokens_gives_the_whole_windows_logits(model):
+    # a prompt, then 3 tokens, 1, then 4: each call's logits are those of the full forward
+    idx = torch.randint(0, CONFIG.vocab_size, (2, 13))
+    full, _ = model(idx)
+    cache = train_gpt2.KVCache(CONFIG.n_layer)
+    start = 0
+    for n in (5, 3, 1, 4):
+        logits, _ = model(idx[:, start : start + n], kv_cache=cache)
+        torch.testing.assert_close(logits, full[:, start : start + n])
+        start += n
 
 
 def test_sampling_is_seeded_and_keeps_out_of_padded_ids(model):

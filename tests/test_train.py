@@ -20,7 +20,9 @@ from conftest import (
     child_env,
     descendants,
     finish,
+    one_line_error,
     read_log,
+    run_main,
     run_program,
     start,
     tiny_config,
@@ -129,7 +131,9 @@ def test_resume_auto_takes_the_newest_whole_checkpoint(small_corpus, tmp_path):
 
 
 def file_bytes(log_dir):
-    return {p.name: p.read_bytes() for p in Path(log_dir).iterdir() if p.is_file()}
+    # every file a run made (the lock file only names its holder)
+    paths = Path(log_dir).rglob("*")
+    return {p: p.read_bytes() for p in paths if p.is_file() and p.name != ".lock"}
 
 
 @pytest.mark.parametrize("errno", [13, 5], ids=["permission denied", "I/O error"])
@@ -183,7 +187,7 @@ def test_a_resume_applies_this_runs_optimizer_settings(small_corpus, tmp_path):
     [
         (dict(batch_size=2, total_batch_size=64), "--batch_size was 4"),
         (dict(shuffle=True), "--shuffle was False"),
-        (dict(n_embd=64), "its model is"),
+        (dict(n_embd=64), "its model's n_embd is 32, this one's 64"),
         (dict(max_steps=5), "past --max_steps"),
     ],
 )
@@ -204,21 +208,78 @@ def test_a_resume_onto_other_data_is_refused(small_corpus, char_corpus, tmp_path
 
 
 def test_a_run_never_writes_over_or_prunes_checkpoints_it_does_not_continue(small_corpus, tmp_path):
-    train(small_corpus, tmp_path / "other", max_steps=16, ckpt_interval=16)
-    later_checkpoint = tmp_path / "other" / "model_00016.pt"
-    train(small_corpus, tmp_path, max_steps=12, ckpt_interval=4)
-    with pytest.raises(ValueError, match="which this run .from step 0. does not continue"):
-        train(small_corpus, tmp_path, max_steps=12)
-    with pytest.raises(ValueError, match="--resume auto"):
-        train(small_corpus, tmp_path, max_steps=12, resume=tmp_path / "model_00004.pt")
+    runs = tmp_path / "runs"
+    train(small_corpus, runs / "other", max_steps=16, ckpt_interval=16)
+    later_checkpoint = runs / "other" / "model_00016.pt"
+    log_dir = runs / "a"
+    train(small_corpus, log_dir, max_steps=12, ckpt_interval=4)
+    before = file_bytes(log_dir)
+    # a new run: refused, and the line names a free directory
+    free = f"{log_dir}-2 is free"
+    with pytest.raises(
+        ValueError, match=f"holds another run .checkpoints up to model_00012.pt.*{free}"
+    ):
+        train(small_corpus, log_dir, max_steps=12)
+    # an older checkpoint of its own: the later ones would be written over
+    with pytest.raises(ValueError, match="up to model_00012.pt, past step 4 .*--resume auto"):
+        train(small_corpus, log_dir, max_steps=12, resume=log_dir / "model_00004.pt")
+    # another run's checkpoint, even from a later step: --keep_last would delete this run's
+    with pytest.raises(ValueError, match="holds another run"):
+        train(small_corpus, log_dir, max_steps=20, keep_last=1, resume=later_checkpoint)
+    assert file_bytes(log_dir) == before
     # the same checkpoint into a new log_dir branches off cleanly, the old one untouched
-    train(small_corpus, tmp_path / "branch", resume=tmp_path / "model_00004.pt", max_steps=12)
-    assert [s for s, _ in train_gpt2.find_checkpoints(tmp_path)] == [4, 8, 12]
-    # another run's checkpoint into this log_dir, even from a later step: --keep_last would
-    # delete this run's checkpoints
-    with pytest.raises(ValueError, match="up to model_00012.pt, which this run .from step 16"):
-        train(small_corpus, tmp_path, max_steps=20, keep_last=1, resume=later_checkpoint)
-    assert [s for s, _ in train_gpt2.find_checkpoints(tmp_path)] == [4, 8, 12]
+    train(small_corpus, f"{log_dir}-2", resume=log_dir / "model_00004.pt", max_steps=12)
+    assert file_bytes(log_dir) == before
+
+
+def test_a_new_run_is_refused_where_another_logged_and_a_failed_start_leaves_nothing(
+    small_corpus, tmp_path
+):
+    # a run killed before its first checkpoint left only its log: a new run does not append to
+    # it (plot.py would take it for a resume); --resume auto starts that run again
+    log_dir = tmp_path / "a"
+    train(small_corpus, log_dir, max_steps=2, ckpt_interval=0)
+    for path in log_dir.glob("model_*.pt"):
+        path.unlink()
+    (tmp_path / "a-2").mkdir()  # taken: the next free name is a-3
+    with pytest.raises(ValueError, match=f"holds another run .log.txt.*{tmp_path / 'a-3'} is free"):
+        train(small_corpus, log_dir, max_steps=2)
+    train(small_corpus, log_dir, max_steps=2, resume="auto")
+    # a start that fails makes no directory
+    with pytest.raises(ValueError, match="no shards"):
+        train(tmp_path / "no-data", tmp_path / "new" / "log", max_steps=2)
+    assert not (tmp_path / "new" / "log").exists()
+
+
+def test_each_start_records_its_config_code_versions_and_device(small_corpus, tmp_path):
+    train(small_corpus, tmp_path, max_steps=4, ckpt_interval=2)
+    (tmp_path / "model_00004.pt").unlink()
+    train(small_corpus, tmp_path, max_steps=4, ckpt_interval=2, resume="auto")
+    runs = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in runs] == [0, 2]
+    assert runs[1]["resumed_from"].endswith("model_00002.pt")
+    assert runs[0]["config"]["max_steps"] == 4 and runs[0]["data"]["dataset"] == "local"
+    assert runs[0]["device"] == "cpu" and runs[0]["versions"]["torch"] == torch.__version__
+    # the source as it ran, kept once for both starts
+    assert runs[0]["code"] == runs[1]["code"]
+    assert (tmp_path / runs[0]["code"]).read_bytes() == (ROOT / "train_gpt2.py").read_bytes()
+    if runs[0]["git"] is not None:  # a git checkout: its commit, and its diff if any
+        assert len(runs[0]["git"]["commit"]) == 40
+    assert (tmp_path / "curves.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_torn_log_line_is_not_joined_to_the_next_record(small_corpus, tmp_path):
+    train(small_corpus, tmp_path, max_steps=4, ckpt_interval=2)
+    (tmp_path / "model_00004.pt").unlink()
+    with open(tmp_path / "log.txt", "a") as f:
+        f.write("3 tra")  # a full disk, or a kill, mid-line
+    with open(tmp_path / "runs.jsonl", "a") as f:
+        f.write('{"step": 9')
+    train(small_corpus, tmp_path, max_steps=4, ckpt_interval=2, resume="auto")
+    lines = (tmp_path / "log.txt").read_text().splitlines()
+    assert "3 tra" in lines
+    assert all(len(line.split()) == 3 for line in lines if line != "3 tra")
+    assert json.loads((tmp_path / "runs.jsonl").read_text().splitlines()[-1])["step"] == 2
 
 
 def test_keep_last_prunes_only_this_log_dirs_older_checkpoints(small_corpus, tmp_path):
@@ -285,17 +346,6 @@ def test_bits_per_byte_match_an_independent_count(small_corpus, tmp_path):
     # (log.txt keeps 6 significant digits)
     expected = log["val"][6] * 128 / (math.log(2) * text_bytes)
     assert log["bpb"][6] == pytest.approx(expected, rel=1e-5)
-
-
-def test_the_run_records_itself_and_draws_its_curves(small_corpus, tmp_path):
-    train(small_corpus, tmp_path, max_steps=6, ckpt_interval=3)
-    (tmp_path / "model_00006.pt").unlink()
-    train(small_corpus, tmp_path, max_steps=6, ckpt_interval=3, resume="auto")
-    runs = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in runs] == [0, 3]
-    assert runs[1]["resumed_from"].endswith("model_00003.pt")
-    assert runs[0]["config"]["max_steps"] == 6 and runs[0]["data"]["dataset"] == "local"
-    assert (tmp_path / "curves.png").read_bytes().startswith(b"\x89PNG")
 
 
 def test_samples_are_printed_from_the_prompt(small_corpus, tmp_path):
@@ -375,6 +425,7 @@ def test_a_stop_signal_ends_the_run_with_a_checkpoint_and_exit_0(char_corpus, tm
     assert [s for s, _ in train_gpt2.find_checkpoints(tmp_path)] == [last + 1]
     assert f"stopped at step {last + 1}" in out
     assert "to continue: " in out and "--resume auto" in out
+    assert f"{sig.removesuffix('-group')}: the run stops at the end of this step" in out
 
 
 def test_the_printed_command_continues_the_run(char_corpus, tmp_path):
@@ -387,6 +438,8 @@ def test_the_printed_command_continues_the_run(char_corpus, tmp_path):
     command = shlex.split(out.split("to continue: ")[1].splitlines()[0])
     assert command[2:] == args + ["--resume", "auto"]
     stopped_at = train_gpt2.find_checkpoints(log_dir)[-1][0]
+    # continued, its own command names --resume once, with the same flags
+    assert train_gpt2.continue_command(command[2:]) == shlex.join(command)
     again = start("train_gpt2.py", command[2:])
     wait_for(lambda: len((log_dir / "runs.jsonl").read_text().splitlines()) == 2, again)
     wait_for(lambda: max(read_log(log_dir)["train"]) > stopped_at + 2, again)
@@ -503,6 +556,26 @@ def test_ddp_over_two_ranks_equals_one_process_and_resumes_bit_exactly(small_cor
     assert_same_state(checkpoint(two, 12), checkpoint(resumed, 12))
 
 
+@pytest.mark.slow
+def test_a_signal_to_every_process_of_a_torchrun_launch_ends_it_with_exit_0(small_corpus, tmp_path):
+    # SLURM's --signal=USR1 reaches every process of a job step. torchrun started with SIGUSR1
+    # ignored (docs/cluster.md's command) leaves it to the ranks: they stop after the same step
+    # with a checkpoint and exit 0, and so torchrun exits 0 (a clean end for the scheduler)
+    launcher = ["bash", "-c", 'trap "" USR1; exec "$@"', "torchrun", sys.executable, "-m"]
+    launcher += ["torch.distributed.run", "--standalone", "--local-addr=127.0.0.1"]
+    launcher += ["--nproc_per_node=2", ROOT / "train_gpt2.py"]
+    args = tiny_flags(small_corpus, tmp_path, max_steps=10**5, ckpt_interval=0)
+    proc = start(launcher, args, start_new_session=True)
+    wait_for(lambda: train_steps(tmp_path) >= 2, proc)
+    for pid in [proc.pid] + descendants(proc.pid):
+        os.kill(pid, signal.SIGUSR1)
+    returncode, out, err = finish(proc)
+    assert returncode == 0, err[-3000:]
+    last = max(read_log(tmp_path)["train"])
+    assert [s for s, _ in train_gpt2.find_checkpoints(tmp_path)] == [last + 1]
+    assert "SIGUSR1: stopped at step" in out
+
+
 # train_gpt2.py as a researcher may edit it: the GPT holds a buffer (as a RoPE table would)
 WITH_A_BUFFER = """
 import sys
@@ -550,26 +623,52 @@ BAD_INPUTS = [
     (["--nope", "1"], "unrecognized arguments"),
     (["--max_lr", "nan"], "finite"),
     (["--n_embd", "30", "--n_head", "4"], "multiple of --n_head"),
+    (["--n_head", "0"], "--n_head must be > 0"),
+    (["--seq_len", "0"], "--seq_len must be > 0"),
+    (["--batch_size", "0"], "--batch_size must be > 0"),
     (["--shuffle", "maybe"], "--shuffle"),
     (["--device", "tpu"], "--device"),
     (["--device", "cuda"], "no CUDA"),
     (["--data_root", "no/such/dir"], "fineweb.py"),
     (["--resume", "no/such/model.pt"], "cannot read checkpoint"),
-    (["--val_tokens", "1280000"], "val split"),
-    (["--total_batch_size", "96"], "multiple of --batch_size x --seq_len"),
+    (["--resume", "{tmp}/foreign.pt"], "not a train_gpt2.py checkpoint"),
+    (["--resume", "{tmp}/text.pt"], "damaged, or not a checkpoint"),
+    (["--resume", "{tmp}/old.pt"], "an older train_gpt2.py wrote it"),
     (["--init_from", "no/such/model.pt"], "cannot read checkpoint"),
+    (["--init_from", "no/such/dir"], "no/such/dir: no such directory"),
+    (["--val_tokens", "1280000"], "pass --val_tokens"),
+    (["--total_batch_size", "96"], "multiple of --batch_size x --seq_len"),
     (["--total_batch_size", "0"], "--total_batch_size must be > 0"),
     (["--optimizer", "muon", "--muon_lr", "0"], "--optimizer muon needs --muon_lr > 0"),
+    (["--n_embd", "1000000", "--n_head", "10"], "does not fit in memory"),
+    (["--log_dir", "{tmp}/busy"], "in use by another run (pid "),
 ]
 
 
+@pytest.fixture(scope="module")
+def bad_files(tmp_path_factory, small_corpus):
+    tmp_path = tmp_path_factory.mktemp("bad")
+    torch.save({"weights": torch.zeros(3)}, tmp_path / "foreign.pt")
+    (tmp_path / "text.pt").write_text("not a checkpoint")
+    # a checkpoint of the version before the rewrite: its weights, no optimizers or loader
+    train(small_corpus, tmp_path / "a", max_steps=1)
+    ckpt = checkpoint(tmp_path / "a", 1)
+    old = {key: ckpt[key] for key in ("model", "model_config", "step", "tokenizer")}
+    train_gpt2.save_checkpoint(tmp_path / "old.pt", old)
+    # a log_dir another run holds: its lock file names it
+    busy = tmp_path / "busy"
+    lock = train_gpt2.lock_log_dir(busy, print)
+    yield tmp_path
+    lock.close()
+
+
 @pytest.mark.parametrize("args, message", BAD_INPUTS, ids=[" ".join(a) for a, _ in BAD_INPUTS])
-def test_bad_input_is_one_line_that_says_what_is_wrong(char_corpus, tmp_path, args, message):
-    proc = run_program("train_gpt2.py", tiny_flags(char_corpus, tmp_path) + args)
-    assert proc.returncode != 0
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("train_gpt2.py: error:"), proc.stderr
-    assert message in lines[0]
+def test_bad_input_is_one_line_that_says_what_to_do(small_corpus, bad_files, capsys, args, message):
+    args = [a.format(tmp=bad_files) for a in args]
+    argv = tiny_flags(small_corpus, bad_files / "log") + args
+    returncode, err = run_main(train_gpt2.main, argv, capsys)
+    one_line_error(returncode, err, "train_gpt2.py", message.format(tmp=bad_files))
+    assert not (bad_files / "log").exists(), "a failed start left a log_dir"
 
 
 @pytest.mark.parametrize(
@@ -577,34 +676,117 @@ def test_bad_input_is_one_line_that_says_what_is_wrong(char_corpus, tmp_path, ar
     [(["--hellaswag_data", "no/such.jsonl"], "no/such.jsonl"), ([], "--hellaswag_data FILE")],
     ids=["missing file", "offline, not cached"],
 )
-def test_hellaswag_data_out_of_reach_is_one_line(gpt2_corpus, tmp_path, data, message):
-    args = ["--hellaswag_interval", "5"] + data
-    proc = run_program("train_gpt2.py", tiny_flags(gpt2_corpus, tmp_path) + args)
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode != 0 and len(lines) == 1 and message in lines[0], proc.stderr
+def test_hellaswag_data_out_of_reach_is_one_line(gpt2_corpus, tmp_path, capsys, data, message):
+    args = tiny_flags(gpt2_corpus, tmp_path / "log") + ["--hellaswag_interval", "5"] + data
+    one_line_error(*run_main(train_gpt2.main, args, capsys), "train_gpt2.py", message)
 
 
-def test_bad_checkpoints_and_a_busy_log_dir_are_one_line(char_corpus, tmp_path):
-    import fcntl
+def test_a_bad_flag_is_one_line_from_the_real_program(small_corpus, tmp_path):
+    proc = run_program("train_gpt2.py", tiny_flags(small_corpus, tmp_path) + ["--n_head", "0"])
+    one_line_error(proc.returncode, proc.stderr, "train_gpt2.py", "--n_head must be > 0")
 
-    foreign = tmp_path / "foreign.pt"
-    torch.save({"weights": torch.zeros(3)}, foreign)
-    text = tmp_path / "text.pt"
-    text.write_text("not a checkpoint")
-    busy = tmp_path / "busy"
-    busy.mkdir()
-    lock = open(busy / ".lock", "a")
-    fcntl.flock(lock, fcntl.LOCK_EX)
-    cases = [
-        (["--resume", foreign], "not a train_gpt2.py checkpoint"),
-        (["--resume", text], "damaged, or not a checkpoint"),
-        (["--log_dir", busy], "in use by another run"),
-    ]
-    for args, message in cases:
-        proc = run_program("train_gpt2.py", tiny_flags(char_corpus, tmp_path / "log") + args)
-        lines = proc.stderr.strip().splitlines()
-        assert proc.returncode != 0 and len(lines) == 1 and message in lines[0], proc.stderr
-    lock.close()
+
+def test_a_stop_during_the_val_pass_ends_it_early_with_a_checkpoint(
+    small_corpus, tmp_path, monkeypatch
+):
+    # SIGTERM at the start of step 6's val pass (TINY evaluates every 6 steps): the pass ends
+    # at its next batch, nothing more is evaluated, and step 6's checkpoint is written
+    evaluate = train_gpt2.evaluate_val_loss
+
+    def val_with_a_signal(model, loader, steps, amp, stop):
+        if stop is not None and loader is not None and model.training is True:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return evaluate(model, loader, steps, amp, stop)
+
+    monkeypatch.setattr(train_gpt2, "evaluate_val_loss", val_with_a_signal)
+    result, lines = train(small_corpus, tmp_path, max_steps=12, eval_interval=6, ckpt_interval=0)
+    assert result["stopped"] and result["step"] == 0
+    assert "SIGTERM: the run stops at the end of this step, with a checkpoint" in lines
+    assert not (tmp_path / "log.txt").exists() or "val" not in read_log(tmp_path)
+    # (at step 0 there is nothing to save; the next start begins again)
+    assert train_gpt2.find_checkpoints(tmp_path) == []
+
+
+def test_a_stop_during_a_later_val_pass_checkpoints_that_step(small_corpus, tmp_path, monkeypatch):
+    evaluate = train_gpt2.evaluate_val_loss
+    calls = []
+
+    def val_with_a_signal(model, loader, steps, amp, stop):
+        calls.append(1)
+        if len(calls) == 2:  # step 6's pass
+            os.kill(os.getpid(), signal.SIGTERM)
+        return evaluate(model, loader, steps, amp, stop)
+
+    monkeypatch.setattr(train_gpt2, "evaluate_val_loss", val_with_a_signal)
+    result, lines = train(small_corpus, tmp_path, max_steps=12, eval_interval=6, ckpt_interval=0)
+    assert result["stopped"] and result["step"] == 6
+    assert sorted(read_log(tmp_path)["val"]) == [0]
+    assert [s for s, _ in train_gpt2.find_checkpoints(tmp_path)] == [6]
+    assert f"saved {tmp_path / 'model_00006.pt'}" in lines
+
+
+def test_resume_auto_says_when_init_from_is_not_applied(small_corpus, tmp_path):
+    train(small_corpus, tmp_path / "a", max_steps=2)
+    source = tmp_path / "a" / "model_00002.pt"
+    train(small_corpus, tmp_path / "b", max_steps=4, ckpt_interval=2, init_from=source)
+    (tmp_path / "b" / "model_00004.pt").unlink()
+    _, lines = train(small_corpus, tmp_path / "b", max_steps=4, init_from=source, resume="auto")
+    assert f"note: --init_from {source} not applied: the run goes on from" in " ".join(lines)
+
+
+def test_mfu_is_logged_against_the_gpus_peak(small_corpus, tmp_path, monkeypatch):
+    # the table: a known GPU's dense bf16 peak; a MIG slice or an unknown GPU: none
+    names = {
+        "NVIDIA H100 80GB HBM3": 989e12,
+        "NVIDIA H100 PCIe": 756e12,
+        "NVIDIA A100-SXM4-80GB": 312e12,
+        "NVIDIA A100-SXM4-40GB MIG 1g.5gb": None,
+        "NVIDIA L40S": 362e12,
+        "NVIDIA GeForce RTX 4090": 165e12,
+        "Tesla V100-SXM2-16GB": None,
+    }
+    for name, peak in names.items():
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device, name=name: name)
+        assert train_gpt2.peak_flops("cuda:0") == peak, name
+    assert train_gpt2.peak_flops("cpu") is None
+    # the loop's MFU: the step's FLOPs over its time and the peak (here a made-up CPU peak)
+    monkeypatch.setattr(train_gpt2, "peak_flops", lambda device: 1e12)
+    train(small_corpus, tmp_path, max_steps=3)
+    log = read_log(tmp_path)
+    config = train_gpt2.GPTConfig(**checkpoint(tmp_path, 3)["model_config"])
+    per_token = train_gpt2.GPT(config).flops_per_token(16)
+    for step, mfu in log["mfu"].items():
+        assert mfu == pytest.approx(per_token * log["tok_per_s"][step] / 1e12, rel=1e-4)
+
+
+def test_a_forks_new_field_without_a_comment_is_a_flag(tmp_path):
+    # a researcher's field, no comment: --help lists it (empty help) and it parses
+    source = (ROOT / "train_gpt2.py").read_text()
+    anchor = "    wandb_project: str = "
+    assert anchor in source
+    fork = tmp_path / "my_train.py"
+    fork.write_text(source.replace(anchor, "    my_scale: float = 0.5\n" + anchor, 1))
+    env = child_env(PYTHONPATH=str(ROOT))
+    code = "import my_train; print(my_train.parse_args(['--my_scale', '2']).my_scale)"
+    proc = run_program([sys.executable, "-c", code], [], env=env, cwd=tmp_path)
+    assert proc.returncode == 0 and proc.stdout == "2.0\n", proc.stderr
+    proc = run_program([sys.executable, str(fork), "--help"], [], env=env, cwd=tmp_path)
+    assert proc.returncode == 0 and "--my_scale" in proc.stdout, proc.stderr
+
+
+def test_a_closed_stdout_ends_the_printing_not_the_run(small_corpus, tmp_path):
+    # `train_gpt2.py ... | head -1`: the run goes on to its final checkpoint and exits 0
+    command = [sys.executable, str(ROOT / "train_gpt2.py")]
+    command += tiny_flags(small_corpus, tmp_path, max_steps=8)
+    proc = subprocess.Popen(
+        command, cwd=ROOT, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    proc.stdout.readline()
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    assert err == b""
+    assert [s for s, _ in train_gpt2.find_checkpoints(tmp_path)] == [6, 8]
 
 
 def test_help_lists_every_flag_and_says_what_auto_means_here():
