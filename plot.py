@@ -3,17 +3,18 @@ Training curves: a run's log.txt drawn as one PNG, or several runs compared.
 
     python plot.py log                              # log/curves.png
     python plot.py log/shakespeare --out curves.png
-    python plot.py log/base log/rope                # compare.png and a table
+    python plot.py log/base log/rope                # compare.png, a table, what differs
 
 log.txt has one `step kind value` line per measured value; runs.jsonl one record per run start
-(its config and data), the last one the run that went on.
+(its config, its data, the train_gpt2.py it ran), the last one the run that went on.
 
 One run: the losses (train, val) share a panel, HellaSwag (hella) has its own, and every other
 kind gets one too: a new metric needs no code here.
 
 Several runs: train and val loss, bits per byte (bpb) and HellaSwag, each run one colour, against
 steps and against tokens (step x total_batch_size); a markdown table of each run's last val, bpb
-and hella with its difference to the first run's.
+and hella with its difference to the first run's; and for each run after the first, what differs
+from the first in config and code.
 
 GPT-2 124M's reference lines are drawn only when every run is on FineWeb-Edu: elsewhere they
 mislead.
@@ -24,6 +25,7 @@ train_gpt2, which imports this module.
 
 import argparse
 import dataclasses
+import difflib
 import json
 import sys
 import time
@@ -319,9 +321,100 @@ def table(runs):
     return markdown(rows)
 
 
+def value_differences(before, after, prefix=""):
+    """`key: old -> new` for each key of two dicts whose values differ
+    (a key one of them lacks: `not recorded`)."""
+    lines = []
+    keys = list(before) + [key for key in after if key not in before]
+    for key in keys:
+        old = before.get(key, "not recorded")
+        new = after.get(key, "not recorded")
+        if old != new:
+            lines.append(f"{prefix}{key}: {old} -> {new}")
+    return lines
+
+
+def config_differences(first, run):
+    """The config keys (log_dir left out: every run has its own)
+    and the data whose values differ from the first run's."""
+    before = {k: v for k, v in first.record["config"].items() if k != "log_dir"}
+    after = {k: v for k, v in run.record["config"].items() if k != "log_dir"}
+    lines = value_differences(before, after)
+    # a loss compares only on the same data: say so when it is not
+    data_before = first.record.get("data") or {}
+    data_after = run.record.get("data") or {}
+    lines += value_differences(data_before, data_after, prefix="data.")
+    if not lines:
+        lines.append("same config")
+    return lines
+
+
+def git_commit(record):
+    """The commit a run record names, or None (outside a git
+    checkout, or a record older than the field)."""
+    git = record.get("git")
+    if not isinstance(git, dict):
+        return None
+    return git.get("commit")
+
+
+def saved_code(run):
+    """The path of the train_gpt2.py run ran, as its record names it, or None."""
+    code = run.record.get("code")
+    if not isinstance(code, str):
+        return None
+    return run.log_dir / code
+
+
+def code_differences(first, run):
+    """Whether run's train_gpt2.py differs from the first run's:
+    "same code", or a unified diff; the git commits when they differ."""
+    lines = []
+    commits = [git_commit(first.record), git_commit(run.record)]
+    if commits[0] != commits[1]:
+        shown = [commit or "not recorded" for commit in commits]
+        lines.append(f"git commit: {shown[0]} -> {shown[1]}")
+    paths = [saved_code(first), saved_code(run)]
+    unrecorded = [r.name for r, path in zip((first, run), paths) if path is None]
+    if unrecorded:
+        lines.append(f"code not recorded (runs.jsonl of {' and '.join(unrecorded)})")
+        return lines
+    # is_file: a file deleted since (or a FIFO) is not read
+    missing = [str(path) for path in paths if not path.is_file()]
+    if missing:
+        lines.append(f"code not compared: {' and '.join(missing)} missing")
+        return lines
+    before = paths[0].read_text(errors="replace").splitlines()
+    after = paths[1].read_text(errors="replace").splitlines()
+    if before == after:
+        lines.append("same code")
+        return lines
+    lines.append("code differs:")
+    lines += difflib.unified_diff(before, after, str(paths[0]), str(paths[1]), lineterm="")
+    return lines
+
+
+def differences(first, run):
+    """What differs between run and the first run, in config and
+    code, as lines for a terminal under a header line."""
+    lines = [f"## {run.name} vs {first.name}"]
+    unrecorded = [r.name for r in (first, run) if r.record is None]
+    if unrecorded:
+        names = " and ".join(unrecorded)
+        lines.append(f"config and code not compared: no run recorded in runs.jsonl of {names}")
+        return lines
+    lines += config_differences(first, run)
+    lines += code_differences(first, run)
+    return lines
+
+
 def report(runs):
-    """The text a comparison prints: the table."""
-    return table(runs) + "\n"
+    """The table, then what differs from the first run for each
+    run after it: the text a comparison prints."""
+    parts = [table(runs)]
+    for run in runs[1:]:
+        parts.append("\n".join(differences(runs[0], run)))
+    return "\n\n".join(parts) + "\n"
 
 
 def compare(log_dirs, out, warn=None):
@@ -363,7 +456,7 @@ def main(argv=None):
         description=(
             "Draw a run's log.txt as a PNG of its curves, or compare runs.\n\n"
             "  python plot.py LOG_DIR [--out PNG]              # LOG_DIR/curves.png\n"
-            "  python plot.py LOG_DIR LOG_DIR ... [--out PNG]  # compare.png and a table"
+            "  python plot.py LOG_DIR LOG_DIR ... [--out PNG]  # compare.png, a table, diffs"
         ),
     )
     parser.add_argument("log_dirs", nargs="+", metavar="log_dir", help="a training run's log_dir")

@@ -1,6 +1,7 @@
 """plot.py: log.txt read as a resumed run wrote it, every kind drawn, GPT-2's lines only for
 FineWeb-Edu runs, the PNG written atomically; several runs compared (one picture against steps and
-tokens, a table of their last values); one line on stderr for bad input."""
+tokens, a table of their last values, what differs in config and code); one line on stderr for bad
+input."""
 
 import hashlib
 import json
@@ -245,6 +246,7 @@ def test_comparing_runs_prints_their_last_values_and_differences(tmp_path, monke
         "log/rope": "4.2787|-0.2213|10|1.2842|-0.0658|10|0.2711|-0.0089|5",
         "log/old": "4.6000|+0.1000|8|n/a|||n/a||",
     }
+    assert "\n\n## log/rope vs log/base\n" in out and "\n\n## log/old vs log/base\n" in out
     assert out.endswith("\nwrote compare.png\n")
     # the picture in the current directory, never in a run's log_dir
     assert (tmp_path / "compare.png").read_bytes()[:8] == PNG
@@ -252,6 +254,69 @@ def test_comparing_runs_prints_their_last_values_and_differences(tmp_path, monke
         assert "compare.png" not in os.listdir(tmp_path / "log" / run)
     warning = "log/old: no total_batch_size in its runs.jsonl: drawn against steps only"
     assert err == f"plot.py: warning: {warning}\n"
+
+
+SOURCE = "import torch\n\n\nclass GPTConfig:\n    n_layer: int = 12\n    n_head: int = 12\n"
+
+
+def test_what_differs_from_the_first_run_in_config_and_code(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    runs = {}
+    for name in ("base", "rope", "same", "old", "resumed", "local", "deleted", "none"):
+        runs[name] = write_metrics(Path("log") / name, val={0: 11.0})
+    base_record = write_record(runs["base"], SOURCE)
+    rope_source = SOURCE.replace("n_layer: int = 12", "n_layer: int = 6")
+    rope_record = write_record(runs["rope"], rope_source, "1b2c3d4", n_layer=6)
+    write_record(runs["same"], SOURCE)
+    write_record(runs["old"])  # written before runs.jsonl recorded the code
+    # a run resumed with another max_lr: its last record is the run that went on
+    write_record(runs["resumed"], SOURCE)
+    write_record(runs["resumed"], SOURCE, max_lr=1e-3)
+    write_record(runs["local"], SOURCE, dataset="local")
+    deleted = write_record(runs["deleted"], SOURCE)
+    (runs["deleted"] / deleted["code"]).unlink()
+    base, *others = [plot.read_run(path) for path in runs.values()]
+    found = {run.name: plot.differences(base, run) for run in others}
+
+    assert found.pop("log/rope") == [
+        "## log/rope vs log/base",
+        "n_layer: 12 -> 6",
+        "git commit: 70a0414 -> 1b2c3d4",
+        "code differs:",
+        f"--- log/base/{base_record['code']}",
+        f"+++ log/rope/{rope_record['code']}",
+        "@@ -2,5 +2,5 @@",
+        " ",
+        " ",
+        " class GPTConfig:",
+        "-    n_layer: int = 12",
+        "+    n_layer: int = 6",
+        "     n_head: int = 12",
+    ]
+    assert found == {
+        "log/same": ["## log/same vs log/base", "same config", "same code"],
+        "log/old": [
+            "## log/old vs log/base",
+            "same config",
+            "git commit: 70a0414 -> not recorded",
+            "code not recorded (runs.jsonl of log/old)",
+        ],
+        "log/resumed": ["## log/resumed vs log/base", "max_lr: 0.0006 -> 0.001", "same code"],
+        "log/local": [
+            "## log/local vs log/base",
+            "data.dataset: fineweb-edu -> local",
+            "same code",
+        ],
+        "log/deleted": [
+            "## log/deleted vs log/base",
+            "same config",
+            f"code not compared: log/deleted/{deleted['code']} missing",
+        ],
+        "log/none": [
+            "## log/none vs log/base",
+            "config and code not compared: no run recorded in runs.jsonl of log/none",
+        ],
+    }
 
 
 def drawn_lines(ax) -> dict:
@@ -356,6 +421,7 @@ def test_cli_compares_runs_and_never_loads_pyplot(tmp_path):
     result = run_program("plot.py", ["log/base", "log/rope", "--out", "runs.png"], cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("| run ") and result.stdout.endswith("\nwrote runs.png\n")
+    assert "## log/rope vs log/base\ntotal_batch_size: 512 -> 1024\n" in result.stdout
     assert result.stderr.startswith("plot.py: warning: log/base/log.txt:")
     assert result.stderr.count("\n") == 1
     assert (tmp_path / "runs.png").read_bytes()[:8] == PNG
