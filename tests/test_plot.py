@@ -1,13 +1,16 @@
-"""plot.py: log.txt read as a resumed run wrote it, every kind drawn, GPT-2's lines only for a
-FineWeb-Edu run, the PNG written atomically, and one line on stderr for bad input."""
+"""plot.py: log.txt read as a resumed run wrote it, every kind drawn, GPT-2's lines only for
+FineWeb-Edu runs, the PNG written atomically; several runs compared (one picture against steps and
+tokens, a table of their last values, what differs in config and code); one line on stderr for bad
+input."""
 
+import hashlib
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import main_error, one_line_error, run_program
 
 import plot
 
@@ -32,11 +35,6 @@ def write_runs(log_dir: Path, *datasets, tail: str = ""):
     """runs.jsonl: one line per run start, each naming its data; tail appended."""
     lines = [json.dumps({"step": 0, "config": {}, "data": {"dataset": d}}) for d in datasets]
     (log_dir / "runs.jsonl").write_text("".join(line + "\n" for line in lines) + tail)
-
-
-def run_plot(*args, cwd=ROOT) -> subprocess.CompletedProcess:
-    argv = [sys.executable, str(ROOT / "plot.py"), *map(str, args)]
-    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=120)
 
 
 def test_a_resumed_run_replaces_the_tail_and_bad_lines_are_named(tmp_path):
@@ -148,13 +146,285 @@ def test_write_curves_needs_a_log_with_metrics(tmp_path):
         plot.write_curves(tmp_path)
 
 
-def test_cli_draws_and_warns_and_never_loads_pyplot(tmp_path):
-    log = write_log(tmp_path / "run", "12 tr")
-    result = run_plot(log, "--out", tmp_path / "c.png")
+def test_main_with_one_run_draws_todays_picture_into_its_log_dir(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    write_log(tmp_path / "log")
+    plot.main(["log"])
+    assert capsys.readouterr().out == "wrote log/curves.png\n"  # no table, no comparison
+    assert (tmp_path / "log" / "curves.png").read_bytes()[:8] == PNG
+    assert not (tmp_path / "compare.png").exists()
+
+
+# ----------------------------------------------------------------------------------------------
+# several runs compared
+
+
+def write_metrics(log_dir: Path, **kinds) -> Path:
+    """log.txt holding {step: value} of each kind, in step order as a run writes it."""
+    lines = []
+    for kind, points in kinds.items():
+        lines += [(step, kind, value) for step, value in points.items()]
+    log_dir.mkdir(parents=True, exist_ok=True)
+    text = "".join(f"{step} {kind} {value}\n" for step, kind, value in sorted(lines))
+    (log_dir / "log.txt").write_text(text)
+    return log_dir
+
+
+def write_record(log_dir: Path, source=None, commit="70a0414", dataset="fineweb-edu", **config):
+    """A run start appended to runs.jsonl as the trainer writes it; source: the train_gpt2.py it
+    ran, saved under code/ (None: an older record, without code, git, versions, device, time)."""
+    config = {"n_layer": 12, "max_lr": 6e-4, "total_batch_size": 512, **config}
+    record = {
+        "step": 0,
+        "resumed_from": None,
+        "config": {**config, "log_dir": str(log_dir)},
+        "data": {"tokenizer": {"tokenizer": "gpt2", "vocab": None}, "dataset": dataset},
+        "world_size": 1,
+    }
+    if source is not None:
+        name = f"code/train_gpt2-{hashlib.sha256(source.encode()).hexdigest()[:12]}.py"
+        (log_dir / "code").mkdir(parents=True, exist_ok=True)
+        (log_dir / name).write_text(source)
+        record["device"] = "cpu"
+        record["versions"] = {"python": "3.11.7", "torch": "2.13.0", "cuda": None}
+        record["code"] = name
+        record["git"] = {"commit": commit, "diff": None}
+        record["time"] = "2026-12-02T22:40:00+00:00"
+    with open(log_dir / "runs.jsonl", "a") as f:
+        f.write(json.dumps(record) + "\n")
+    return record
+
+
+TRAIN = {step: round(11 - 0.3 * step, 4) for step in range(11)}
+
+
+def three_runs(root: Path):
+    """log/base and log/rope (total_batch_size 512 and 1024, rope's last hella at step 5), and
+    log/old: no runs.jsonl, no bpb, stopped at step 8."""
+    base = write_metrics(
+        root / "log/base",
+        train=TRAIN,
+        val={0: 11.0, 5: 7.5, 10: 4.5},
+        bpb={0: 3.3, 5: 2.25, 10: 1.35},
+        hella={0: 0.25, 10: 0.28},
+    )
+    rope = write_metrics(
+        root / "log/rope",
+        train=TRAIN,
+        val={0: 11.0, 5: 7.0, 10: 4.2787},
+        bpb={0: 3.3, 5: 2.1, 10: 1.2842},
+        hella={0: 0.25, 5: 0.2711},
+    )
+    old = write_metrics(root / "log/old", train=TRAIN, val={0: 11.0, 5: 7.0, 8: 4.6})
+    write_record(base)
+    write_record(rope, total_batch_size=1024)
+    return base, rope, old
+
+
+def table_rows(text: str) -> dict:
+    """{first cell: the others joined by |} of each row of the markdown table text starts with;
+    the rule under its header checked and left out."""
+    lines = text.split("\n\n")[0].splitlines()
+    assert set(lines[1]) == {"|", " ", "-"}
+    rows = {}
+    for line in lines[:1] + lines[2:]:
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        rows[cells[0]] = "|".join(cells[1:])
+    return rows
+
+
+def test_comparing_runs_prints_their_last_values_and_differences(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    three_runs(tmp_path)
+    plot.main(["log/base", "log/rope", "log/old/"])
+    out, err = capsys.readouterr()
+    rows = table_rows(out)
+    assert rows.pop("run") == "val|diff|step|bpb|diff|step|hella|diff|step"
+    # each value at the highest step that has one, minus the first run's
+    assert rows == {
+        "log/base": "4.5000||10|1.3500||10|0.2800||10",
+        "log/rope": "4.2787|-0.2213|10|1.2842|-0.0658|10|0.2711|-0.0089|5",
+        "log/old": "4.6000|+0.1000|8|n/a|||n/a||",
+    }
+    assert "\n\n## log/rope vs log/base\n" in out and "\n\n## log/old vs log/base\n" in out
+    assert out.endswith("\nwrote compare.png\n")
+    # the picture in the current directory, never in a run's log_dir
+    assert (tmp_path / "compare.png").read_bytes()[:8] == PNG
+    for run in ("base", "rope", "old"):
+        assert "compare.png" not in os.listdir(tmp_path / "log" / run)
+    warning = "log/old: no total_batch_size in its runs.jsonl: drawn against steps only"
+    assert err == f"plot.py: warning: {warning}\n"
+
+
+SOURCE = "import torch\n\n\nclass GPTConfig:\n    n_layer: int = 12\n    n_head: int = 12\n"
+
+
+def test_what_differs_from_the_first_run_in_config_and_code(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    runs = {}
+    for name in ("base", "rope", "same", "old", "resumed", "local", "deleted", "none"):
+        runs[name] = write_metrics(Path("log") / name, val={0: 11.0})
+    base_record = write_record(runs["base"], SOURCE)
+    rope_source = SOURCE.replace("n_layer: int = 12", "n_layer: int = 6")
+    rope_record = write_record(runs["rope"], rope_source, "1b2c3d4", n_layer=6)
+    write_record(runs["same"], SOURCE)
+    write_record(runs["old"])  # written before runs.jsonl recorded the code
+    # a run resumed with another max_lr: its last record is the run that went on
+    write_record(runs["resumed"], SOURCE)
+    write_record(runs["resumed"], SOURCE, max_lr=1e-3)
+    write_record(runs["local"], SOURCE, dataset="local")
+    deleted = write_record(runs["deleted"], SOURCE)
+    (runs["deleted"] / deleted["code"]).unlink()
+    base, *others = [plot.read_run(path) for path in runs.values()]
+    found = {run.name: plot.differences(base, run) for run in others}
+
+    assert found.pop("log/rope") == [
+        "## log/rope vs log/base",
+        "n_layer: 12 -> 6",
+        "git commit: 70a0414 -> 1b2c3d4",
+        "code differs:",
+        f"--- log/base/{base_record['code']}",
+        f"+++ log/rope/{rope_record['code']}",
+        "@@ -2,5 +2,5 @@",
+        " ",
+        " ",
+        " class GPTConfig:",
+        "-    n_layer: int = 12",
+        "+    n_layer: int = 6",
+        "     n_head: int = 12",
+    ]
+    assert found == {
+        "log/same": ["## log/same vs log/base", "same config", "same code"],
+        "log/old": [
+            "## log/old vs log/base",
+            "same config",
+            "git commit: 70a0414 -> not recorded",
+            "code not recorded (runs.jsonl of log/old)",
+        ],
+        "log/resumed": ["## log/resumed vs log/base", "max_lr: 0.0006 -> 0.001", "same code"],
+        "log/local": [
+            "## log/local vs log/base",
+            "data.dataset: fineweb-edu -> local",
+            "same code",
+        ],
+        "log/deleted": [
+            "## log/deleted vs log/base",
+            "same config",
+            f"code not compared: log/deleted/{deleted['code']} missing",
+        ],
+        "log/none": [
+            "## log/none vs log/base",
+            "config and code not compared: no run recorded in runs.jsonl of log/none",
+        ],
+    }
+
+
+def drawn_lines(ax) -> dict:
+    """{label: (colour, x, y, line width, alpha)} of the lines of a panel."""
+    found = {}
+    for line in ax.get_lines():
+        xy = (list(line.get_xdata()), list(line.get_ydata()))
+        found[line.get_label()] = (line.get_color(), *xy, line.get_linewidth(), line.get_alpha())
+    return found
+
+
+def test_the_comparison_draws_each_run_in_one_colour_against_steps_and_tokens(tmp_path):
+    runs = [plot.read_run(path) for path in three_runs(tmp_path)]
+    fig = plot.comparison_figure(runs)
+    panels = [(ax.get_title(), ax.get_xlabel()) for ax in fig.axes]
+    titles = ["loss", "bpb", "HellaSwag acc_norm"]
+    assert panels == [(t, "step") for t in titles] + [(t, "tokens") for t in titles]
+    loss, bpb, hella, loss_tokens, bpb_tokens, hella_tokens = map(drawn_lines, fig.axes)
+    base, rope, old = [str(run.log_dir) for run in runs]
+    assert list(loss) == [
+        f"{name} {kind}" for name in (base, rope, old) for kind in ("train", "val")
+    ]
+    # one colour a run in every panel; train thin and translucent, val bold
+    assert {loss[f"{base} val"][0], loss[f"{base} train"][0], hella[base][0]} == {"C0"}
+    assert {loss[f"{rope} val"][0], bpb_tokens[rope][0], hella_tokens[rope][0]} == {"C1"}
+    assert loss[f"{old} val"][0] == "C2"
+    assert loss[f"{base} train"][3:] == (1, 0.35)
+    assert loss[f"{base} val"][3:] == (2, None)
+    assert bpb[rope][1:3] == ([0, 5, 10], [3.3, 2.1, 1.2842])
+    assert hella[rope][1] == [0, 5]
+    # tokens: step x the run's total_batch_size; the run without one against steps only
+    assert list(loss_tokens) == [
+        f"{name} {kind}" for name in (base, rope) for kind in ("train", "val")
+    ]
+    assert loss_tokens[f"{base} val"][1] == [0, 5 * 512, 10 * 512]
+    assert bpb_tokens[rope][1] == [0, 5 * 1024, 10 * 1024]
+    assert loss_tokens[f"{rope} train"][1] == [step * 1024 for step in range(11)]
+    assert reference_lines(fig) == {}
+
+
+def test_gpt2s_lines_only_when_every_run_is_on_fineweb_edu(tmp_path):
+    base, rope, old = three_runs(tmp_path)
+    runs = [plot.read_run(path) for path in (base, rope)]
+    assert plot.references_for(runs) == plot.REFERENCES
+    drawn = reference_lines(plot.comparison_figure(runs, plot.REFERENCES))
+    assert drawn == {"loss": [3.2924] * 2, "HellaSwag acc_norm": [0.2955, 0.337] * 2}
+    # a run without runs.jsonl (data unknown), a run on other data
+    assert plot.references_for(runs + [plot.read_run(old)]) is None
+    write_record(rope, dataset="local")
+    assert plot.references_for([plot.read_run(base), plot.read_run(rope)]) is None
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["run", "no_such_run"], "no log.txt file at no_such_run/log.txt: give plot.py a training"),
+        (["no_such_run"], "no log.txt file at no_such_run/log.txt"),
+        (["empty"], "empty/log.txt holds no metrics yet: plot it once a step is logged"),
+        (["run", "fifo"], "no log.txt file at fifo/log.txt"),  # reading a FIFO would hang
+        (["run", "--out", "no_dir/c.png"], "--out no_dir/c.png: there is no directory no_dir"),
+        (["run", "--out", "run/log.txt"], "--out run/log.txt: give a .png file"),
+        (["run", "run2", "--out", "c.svg"], "--out c.svg: give a .png file"),
+        (
+            ["run", "run2", "--out", "run2/c.png"],
+            "--out run2/c.png is in run2, a run's log_dir: give --out",
+        ),
+        (["lr", "lr"], "lr, lr: no train, val, bpb or hella logged yet, nothing to compare"),
+    ],
+)
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, monkeypatch, args, message):
+    monkeypatch.chdir(tmp_path)
+    write_log(tmp_path / "run")
+    write_log(tmp_path / "run2")
+    write_metrics(tmp_path / "lr", lr={0: 6e-4})
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "log.txt").write_text("")
+    (tmp_path / "fifo").mkdir()
+    os.mkfifo(tmp_path / "fifo" / "log.txt")
+    before = sorted(tmp_path.rglob("*"))
+    # sys.exit(message): Python prints the message on stderr and exits with status 1
+    one_line_error(1, main_error(plot.main, args), "plot.py", message)
+    assert sorted(tmp_path.rglob("*")) == before
+    assert (tmp_path / "run" / "log.txt").read_text().startswith("0 "), "the log was written over"
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ([], "the following arguments are required: log_dir"),
+        (["run", "--bogus"], "unrecognized arguments: --bogus"),
+    ],
+)
+def test_bad_arguments_are_argparses_one_line(capsys, args, message):
+    with pytest.raises(SystemExit) as exit:
+        plot.main(args)
+    one_line_error(exit.value.code, capsys.readouterr().err, "plot.py", message)
+
+
+def test_cli_compares_runs_and_never_loads_pyplot(tmp_path):
+    base, rope, old = three_runs(tmp_path)
+    write_log(base, "12 tr")  # a torn line: one warning
+    result = run_program("plot.py", ["log/base", "log/rope", "--out", "runs.png"], cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert result.stdout == f"wrote {tmp_path / 'c.png'}\n"
-    assert result.stderr.startswith(f"plot.py: warning: {log / 'log.txt'}:")
+    assert result.stdout.startswith("| run ") and result.stdout.endswith("\nwrote runs.png\n")
+    assert "## log/rope vs log/base\ntotal_batch_size: 512 -> 1024\n" in result.stdout
+    assert result.stderr.startswith("plot.py: warning: log/base/log.txt:")
     assert result.stderr.count("\n") == 1
+    assert (tmp_path / "runs.png").read_bytes()[:8] == PNG
     # importing plot loads no matplotlib, drawing loads no pyplot
     code = (
         "import sys, plot\n"
@@ -162,31 +432,5 @@ def test_cli_draws_and_warns_and_never_loads_pyplot(tmp_path):
         "plot.write_curves(sys.argv[1])\n"
         "print(before, 'matplotlib.pyplot' in sys.modules)\n"
     )
-    argv = [sys.executable, "-c", code, str(log)]
-    child = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    child = run_program([sys.executable, "-c", code], [base])
     assert child.stdout == "False False\n", child.stderr
-
-
-@pytest.mark.parametrize(
-    "args, message",
-    [
-        ((), "the following arguments are required: log_dir"),
-        (("{d}", "--bogus"), "unrecognized arguments: --bogus"),
-        (("{d}/no_such_run",), "no log.txt file at"),
-        (("{d}/empty",), "holds no metrics yet"),
-        (("{d}/fifo",), "no log.txt file at"),  # reading a FIFO would hang
-        (("{d}/run", "--out", "{d}/no_dir/c.png"), "No such file or directory"),
-        (("{d}/run", "--out", "{d}/run/log.txt"), "--out {d}/run/log.txt: give a .png file"),
-    ],
-)
-def test_cli_bad_input_is_one_line(tmp_path, args, message):
-    write_log(tmp_path / "run")
-    (tmp_path / "empty").mkdir()
-    (tmp_path / "empty" / "log.txt").write_text("")
-    (tmp_path / "fifo").mkdir()
-    os.mkfifo(tmp_path / "fifo" / "log.txt")
-    result = run_plot(*(a.format(d=tmp_path) for a in args))
-    assert result.returncode != 0
-    assert result.stderr.startswith("plot.py: error: ")
-    assert result.stderr.count("\n") == 1 and message.format(d=tmp_path) in result.stderr
-    assert (tmp_path / "run" / "log.txt").read_text().startswith("0 "), "the log was written over"
