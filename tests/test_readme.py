@@ -1,5 +1,7 @@
 """The README as a new user meets it: short, the quick start first, CI running its test command,
-its links alive, and every train_gpt2.py command it shows a valid run."""
+its links alive; every train_gpt2.py command of the README and docs/ a valid run at the world
+size it launches, and the README's commands, run one after another, never two new runs in one
+log_dir."""
 
 import re
 import shlex
@@ -10,18 +12,6 @@ from conftest import ROOT
 import train_gpt2
 
 README = (ROOT / "README.md").read_text()
-
-
-def commands(text, program):
-    # every `python PROGRAM ...` or `torchrun ... PROGRAM ...` line of the text's code blocks
-    blocks = "\n".join(re.findall(r"```bash\n(.*?)```", text, flags=re.S))
-    joined = blocks.replace("\\\n", " ")
-    found = []
-    for line in joined.splitlines():
-        words = shlex.split(line)
-        if program in words:
-            found.append(words[words.index(program) + 1 :])
-    return found
 
 
 def test_the_readme_is_short_and_starts_with_the_quick_start():
@@ -47,9 +37,53 @@ def test_the_docs_it_links_exist():
         assert (ROOT / link).is_file(), link
 
 
-@pytest.mark.parametrize("args", commands(README, "train_gpt2.py"), ids=" ".join)
-def test_every_training_command_is_a_valid_run(args):
-    train_gpt2.parse_args(args)
+def launches(text):
+    """(world size, train_gpt2.py's flags) of every command in text's bash blocks that runs it:
+    python (one process) or torchrun (--nnodes x --nproc_per_node), also inside bash -c '...'."""
+    blocks = "\n".join(re.findall(r"```bash\n(.*?)```", text, flags=re.S))
+    found = []
+    for line in blocks.replace("\\\n", " ").splitlines():
+        words = shlex.split(line, comments=True)
+        inner = [w for w in words if "train_gpt2.py " in w]
+        if inner:  # bash -c "...; exec torchrun ... train_gpt2.py ..."
+            words = shlex.split(inner[0])
+        if "train_gpt2.py" not in words:
+            continue
+        before = words[: words.index("train_gpt2.py")]
+        sizes = dict(re.findall(r"--(nnodes|nproc_per_node)=(\d+)", " ".join(before)))
+        world = int(sizes.get("nnodes", 1)) * int(sizes.get("nproc_per_node", 1))
+        found.append((world, words[words.index("train_gpt2.py") + 1 :]))
+    return found
+
+
+DOCUMENTED = [
+    launch
+    for path in [ROOT / "README.md", *sorted(ROOT.glob("docs/*.md"))]
+    for launch in launches(path.read_text())
+]
+
+
+@pytest.mark.parametrize(
+    "world, args", DOCUMENTED, ids=[f"{w} x {' '.join(a)}" for w, a in DOCUMENTED]
+)
+def test_every_documented_command_starts_at_its_world_size(world, args):
+    cfg = train_gpt2.parse_args(args)
+    assert train_gpt2.micro_steps(cfg, world) >= 1
+
+
+def test_the_documented_world_sizes_include_one_node_and_several():
+    assert {1, 8, 16, 32} <= {world for world, _ in DOCUMENTED}
+
+
+def test_the_readmes_commands_in_order_never_start_two_runs_in_one_log_dir():
+    # a new run needs a log_dir no earlier command wrote (the quick start, then the experiment,
+    # then the overfit check...); --resume auto continues one
+    used = set()
+    for world, args in launches(README):
+        cfg = train_gpt2.parse_args(args)
+        if cfg.resume != "auto":
+            assert cfg.log_dir not in used, f"{args} reuses {cfg.log_dir}"
+        used.add(cfg.log_dir)
 
 
 def test_requirements_pin_every_package():
