@@ -47,7 +47,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.strip().split("\n\n")[0])
     parser.add_argument("--n_layer", type=int, default=12)
     parser.add_argument("--n_embd", type=int, default=768)
-    parser.add_argument("--repeats", type=int, default=7, help="timed steps of each")
+    parser.add_argument("--repeats", type=int, default=9, help="timed steps of each")
     args = parser.parse_args()
 
     # the matrices configure_optimizers gives Muon, a copy for torch's; the same random gradients
