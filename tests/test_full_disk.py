@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, child_env, documents, make_corpus, tiny_flags
+from conftest import ROOT, child_env, documents, make_corpus, run_program, tiny_flags
 
 LIMIT = 20_000  # bytes a file may hold: logs and records fit, shards and checkpoints do not
 
@@ -59,6 +59,26 @@ def test_trainer_on_a_full_disk(tmp_path, small_corpus, limit, name):
     one_line_error(proc, "train_gpt2.py", log_dir / name)
     assert leftovers(tmp_path) == []
     assert list(log_dir.glob("model_*")) == []
+
+
+def test_trainer_log_on_a_full_disk_names_it_and_the_next_start_ends_the_torn_line(
+    tmp_path, small_corpus
+):
+    # a log.txt near the limit: its next record fails mid-line, and the error names it
+    log_dir = tmp_path / "log"
+    first = run_program("train_gpt2.py", tiny_flags(small_corpus, log_dir, max_steps=2))
+    assert first.returncode == 0, first.stderr
+    with open(log_dir / "log.txt", "a") as f:
+        f.write("0 filler 1.0\n" * 8000)
+    limit = (log_dir / "log.txt").stat().st_size + 10
+    args = tiny_flags(small_corpus, log_dir, max_steps=4, resume="auto")
+    proc = limited("train_gpt2.py", args, limit)
+    one_line_error(proc, "train_gpt2.py", log_dir / "log.txt")
+    assert not (log_dir / "log.txt").read_text().endswith("\n"), "no torn line: nothing tested"
+    again = run_program("train_gpt2.py", args)
+    assert again.returncode == 0, again.stderr
+    lines = (log_dir / "log.txt").read_text().splitlines()
+    assert all(len(line.split()) == 3 for line in lines[-20:])
 
 
 def test_export_on_a_full_disk(tmp_path, small_corpus):

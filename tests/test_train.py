@@ -576,6 +576,50 @@ def test_a_signal_to_every_process_of_a_torchrun_launch_ends_it_with_exit_0(smal
     assert "SIGUSR1: stopped at step" in out
 
 
+# rank 1 starts late; rank 0 says when it begins to wait for it in the rendezvous
+LATE_RANK_1 = """
+import os, runpy, sys, time
+import torch.distributed as dist
+
+if os.environ["RANK"] == "1":
+    time.sleep(600)
+join = dist.init_process_group
+
+
+def announce_then_join(*args, **kwargs):
+    open(os.environ["WAITING_FILE"], "w").close()
+    return join(*args, **kwargs)
+
+
+dist.init_process_group = announce_then_join
+sys.argv = sys.argv[1:]
+sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))  # as python PROGRAM has it
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_a_rank_waiting_for_its_peers_ends_on_sigterm(small_corpus, tmp_path):
+    # before the loop a stop signal's default action is right: nothing is written yet. A rank
+    # in the rendezvous ends at once, and torchrun ends the launch (no SIGKILL needed)
+    program = tmp_path / "late_rank_1.py"
+    program.write_text(LATE_RANK_1)
+    waiting = tmp_path / "waiting"
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    launcher += ["--local-addr=127.0.0.1", "--nproc_per_node=2", program, ROOT / "train_gpt2.py"]
+    env = child_env(WAITING_FILE=str(waiting))
+    proc = start(launcher, tiny_flags(small_corpus, tmp_path / "log"), env, start_new_session=True)
+    wait_for(waiting.exists, proc)
+    rank_0 = [
+        pid
+        for pid in descendants(proc.pid)
+        if b"late_rank_1" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    ]
+    os.kill(min(rank_0), signal.SIGTERM)
+    returncode, _, err = finish(proc, timeout=60)
+    assert returncode != 0
+    assert not (tmp_path / "log").exists()
+
+
 # train_gpt2.py as a researcher may edit it: the GPT holds a buffer (as a RoPE table would)
 WITH_A_BUFFER = """
 import sys
