@@ -34,9 +34,11 @@ its source, the settings, its shards and their sha256); manifest.json
 comes last, and until then train_gpt2.py refuses the directory. A run
 that is stopped (Ctrl-C, kill) or fails keeps its finished files: the
 same command continues with the first unfinished one, and ends with
-the bytes of a run that never stopped. Other settings on the same
---out_dir are refused. --overwrite builds the new corpus beside the
-old one (.fineweb/staging/) and swaps it in once it is complete.
+the bytes of a run that never stopped. A rerun first checks every
+shard already written (size, sha256) and tokenises a file whose
+shards changed again. Other settings on the same --out_dir are
+refused. --overwrite builds the new corpus beside the old one
+(.fineweb/staging/) and swaps it in once it is complete.
 """
 
 import argparse
@@ -56,6 +58,7 @@ import multiprocessing
 import os
 import shutil
 import signal
+import stat
 import sys
 from pathlib import Path
 
@@ -79,6 +82,7 @@ GPT2_VOCAB_SIZE = 50257
 # one core), so a stop waits little and a few slices per worker in flight hold little memory.
 SLICE_BYTES = 2**20
 SLICES_AHEAD = 2  # per worker, submitted beyond the one awaited
+CHUNK_BYTES = 2**20  # what verify_shard reads at a time (it stays in the CPU cache)
 
 
 class CorpusError(Exception):
@@ -498,6 +502,57 @@ def npy_header(n):
     return header.getvalue()
 
 
+# (tokens, where they start) of the .npy file open in f, at its start; a ValueError if it is
+# not a 1-D uint16 array
+def npy_layout(f):
+    version = np.lib.format.read_magic(f)
+    if version == (1, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+    elif version == (2, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+    else:
+        raise ValueError(f".npy format version {version}")
+    if dtype != np.dtype("<u2") or len(shape) != 1:
+        raise ValueError(f"a {dtype} array of shape {shape}, not 1-D uint16")
+    return shape[0], f.tell()
+
+
+def verify_shard(path, entry, vocab_size):
+    """None if the .npy shard at path is what entry (a manifest's shard) says: a regular file of
+    entry["tokens"] uint16 tokens, of sha256 entry["sha256"] (unless that is None), every id below
+    vocab_size. Else the problem, one line naming the shard (the caller says what to do). Reads
+    CHUNK_BYTES at a time."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return f"{path} is missing"
+    if not stat.S_ISREG(info.st_mode):
+        return f"{path} is not a regular file"
+    digest = hashlib.sha256()
+    top = 0
+    try:
+        with open(path, "rb") as f:
+            tokens, offset = npy_layout(f)
+            if tokens != entry["tokens"]:
+                return f"{path} holds {tokens:,} tokens, not the {entry['tokens']:,} recorded"
+            if info.st_size != offset + 2 * tokens:
+                sizes = f"{info.st_size:,} bytes, expected {offset + 2 * tokens:,}"
+                return f"{path} changed since fineweb.py wrote it ({sizes})"
+            f.seek(0)
+            digest.update(f.read(offset))
+            for chunk in iter(functools.partial(f.read, CHUNK_BYTES), b""):
+                if entry["sha256"] is not None:
+                    digest.update(chunk)
+                top = max(top, int(np.frombuffer(chunk, dtype="<u2").max()))
+    except (OSError, ValueError) as e:
+        return f"{path} cannot be read as a .npy shard ({e})"
+    if entry["sha256"] is not None and digest.hexdigest() != entry["sha256"]:
+        return f"{path} changed since fineweb.py wrote it (its sha256 differs)"
+    if top >= vocab_size:
+        return f"{path} holds token id {top}, not below the vocabulary's {vocab_size}"
+    return None
+
+
 # how many of the n tokens of a first file that fits in one shard
 # are val: about 10%, at the document start nearest to 10% if one
 # lies between 5% and 20%, else mid-document (1 token at least)
@@ -599,36 +654,138 @@ def write_shards(target, index, results, settings):
 # The output directory: done-records, manifest, --overwrite's swap
 
 
-# target's done-records, in file order (names {file:04d}.done.json)
+# why entry is not a shard entry of a manifest, or None
+def shard_entry_problem(entry):
+    if not isinstance(entry, dict):
+        return "a shard entry is not a JSON object"
+    name = entry.get("file")
+    if not isinstance(name, str) or Path(name).name != name or not name.endswith(".npy"):
+        return f"shard {name!r} is not a .npy file name"
+    if entry.get("split") not in ("val", "train"):
+        return f"shard {name}: its split is not 'val' or 'train'"
+    tokens = entry.get("tokens")
+    if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:
+        return f"shard {name}: its tokens are not a count"
+    sha256 = entry.get("sha256")
+    if sha256 is not None and not (isinstance(sha256, str) and len(sha256) == 64):
+        return f"shard {name}: its sha256 is not a hex digest"
+    return None
+
+
+# why manifest (parsed JSON) is not a corpus's manifest, or None
+def manifest_problem(manifest):
+    if not isinstance(manifest, dict):
+        return f"a JSON {type(manifest).__name__}, not an object"
+    if manifest.get("tokenizer") not in ("gpt2", "char"):
+        return "its tokenizer is not 'gpt2' or 'char'"
+    if (manifest["tokenizer"] == "char") != isinstance(manifest.get("vocab"), str):
+        return "its vocab does not fit its tokenizer"
+    if not isinstance(manifest.get("fingerprint"), str):
+        return "no fingerprint"
+    if not isinstance(manifest.get("shards"), list) or not manifest["shards"]:
+        return "no list of shards"
+    for entry in manifest["shards"]:
+        problem = shard_entry_problem(entry)
+        if problem:
+            return problem
+    return None
+
+
+# a done-record's problem, or None: a damaged one (edited, cut short) means its file is not done
+def record_problem(record):
+    if not isinstance(record, dict) or not isinstance(record.get("settings"), dict):
+        return "not a done-record"
+    if not isinstance(record.get("source"), str) or not isinstance(record.get("size"), int):
+        return "no source, or no size"
+    if not isinstance(record.get("mtime_ns"), (int, type(None))):
+        return "its mtime_ns is not a number"
+    if not isinstance(record.get("shards"), list):
+        return "no list of shards"
+    for entry in record["shards"]:
+        problem = shard_entry_problem(entry)
+        if problem:
+            return problem
+        if not isinstance(entry.get("bytes"), int) or entry["sha256"] is None:
+            return f"shard {entry['file']}: no bytes or no sha256"
+    return None
+
+
+# the JSON in path, or (None, why not)
+def read_json(path):
+    try:
+        return json.loads(path.read_text()), None
+    except (OSError, ValueError) as e:
+        return None, f"{type(e).__name__}: {e}"
+
+
+# target's done-records by file index (names {file:04d}.done.json): the good ones, and the
+# paths of damaged ones with their problem
 def read_records(target):
-    return [json.loads(p.read_text()) for p in sorted(target.glob(".fineweb/*.done.json"))]
+    records = {}
+    damaged = {}
+    for path in sorted(target.glob(".fineweb/*.done.json")):
+        record, problem = read_json(path)
+        problem = problem or record_problem(record)
+        if not path.name[:-10].isdigit():
+            problem = "not a done-record's name"
+        if problem:
+            damaged[path] = problem
+        else:
+            records[int(path.name[:-10])] = record
+    return records, damaged
 
 
-# why target's finished corpus or files are not what these settings
-# make (other settings, a source or a shard changed since), or None
+# why target's corpus or finished files are not what these settings
+# make (other settings, a source changed since), or None
 def check_corpus(target, settings):
-    records = read_records(target)
+    records, _ = read_records(target)
     # the first setting that differs, in the manifest or in a record
-    made = [r["settings"] for r in records] + [
-        json.loads(p.read_text()) for p in target.glob(MANIFEST)
-    ]
+    made = [r["settings"] for r in records.values()]
+    manifest, problem = read_json(target / MANIFEST)
+    if (target / MANIFEST).exists() and not problem and not manifest_problem(manifest):
+        made.append(manifest)
     key = next((k for old in made for k in settings if old.get(k) != settings[k]), None)
     if key:
         return f"{target} holds a corpus made with another {key}"
-    for record in records:
+    for record in records.values():
         st = os.stat(record["source"]) if record["mtime_ns"] else None
         if st and [st.st_size, st.st_mtime_ns] != [record["size"], record["mtime_ns"]]:
             return f"{record['source']} changed since it was tokenised"
-        sizes = [(target / s["file"]).stat().st_size for s in record["shards"]]
-        if sizes != [s["bytes"] for s in record["shards"]]:
-            return f"a shard of {record['source']} in {target} changed on disk"
     return None
+
+
+# Damaged done-records and manifest go (their files are made again), and every shard of the done
+# files is checked by the pool (size, sha256, ids); a file whose shards changed loses its
+# record, to be tokenised again. The manifest goes first: the directory is unfinished from then.
+def repair(pool, target, settings, workers, stop):
+    records, damaged = read_records(target)
+    manifest, problem = read_json(target / MANIFEST)
+    if (target / MANIFEST).exists() and not problem:
+        problem = manifest_problem(manifest)
+    vocab_size = len(settings["vocab"] or "") or GPT2_VOCAB_SIZE
+    jobs = [(target / s["file"], s, vocab_size) for r in records.values() for s in r["shards"]]
+    owners = [i for i, r in records.items() for _ in r["shards"]]
+    bad = {}
+    for index, found in zip(owners, in_order(pool, verify_shard, jobs, workers, stop)):
+        if found and index not in bad:
+            bad[index] = found
+    if (target / MANIFEST).exists() and problem:
+        print(f"{target / MANIFEST} is damaged ({problem}); writing it again")
+    if (target / MANIFEST).exists() and (problem or damaged or bad):
+        (target / MANIFEST).unlink()
+    for path, why in damaged.items():
+        print(f"{path} is damaged ({why}); its file is tokenised again")
+        path.unlink()
+    for index, found in bad.items():
+        print(f"{found}: tokenising {records[index]['source']} again")
+        (target / ".fineweb" / f"{index:04d}.done.json").unlink()
 
 
 # manifest.json from the done-records: the shards, val first, and a
 # fingerprint over their sha256s
 def write_manifest(target, settings):
-    shards = [s for record in read_records(target) for s in record["shards"]]
+    records, _ = read_records(target)
+    shards = [s for index in sorted(records) for s in records[index]["shards"]]
     manifest = {
         **settings,
         "vocab_size": len(settings["vocab"] or "") or GPT2_VOCAB_SIZE,
@@ -648,26 +805,78 @@ def write_manifest(target, settings):
 def swap_in(out_dir, staging):
     new = json.loads((staging / MANIFEST).read_text())
     keep = {s["file"] for s in new["shards"]}
-    old = {s["file"] for r in read_records(out_dir) for s in r["shards"]}
+    records, _ = read_records(out_dir)
+    old = {s["file"] for r in records.values() for s in r["shards"]}
     (out_dir / MANIFEST).unlink(missing_ok=True)
     for name in old - keep:
         (out_dir / name).unlink(missing_ok=True)
     for path in (out_dir / ".fineweb").glob("*.done.json"):
-        if int(path.name[:-10]) >= len(new["sources"]):  # the rest are replaced
-            path.unlink()
+        if not path.name[:-10].isdigit() or int(path.name[:-10]) >= len(new["sources"]):
+            path.unlink()  # the rest are replaced
     for path in [*staging.glob("*.npy"), *(staging / ".fineweb").glob("*.json")]:
         os.replace(path, out_dir / path.relative_to(staging))
     os.replace(staging / MANIFEST, out_dir / MANIFEST)
     shutil.rmtree(staging)
 
 
+# a shard's problem as load_corpus sees it without reading it: gone, not a regular file (a FIFO
+# would block a reader for good), or not of the size np.save gives its tokens
+def shard_file_problem(path, expected):
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return f"{path} is missing"
+    if not stat.S_ISREG(info.st_mode):
+        return f"{path} is not a regular file"
+    if info.st_size != expected:
+        sizes = f"{info.st_size:,} bytes, expected {expected:,}"
+        return f"{path} changed since fineweb.py wrote it ({sizes})"
+    return None
+
+
+# the tokens of a shard of build-nanogpt's (no manifest), from its header; a one-line ValueError
+# if it is not a whole .npy file of uint16 tokens
+def nanogpt_tokens(path):
+    # is_file() looks without opening: a FIFO would block for good
+    if not path.is_file():
+        raise ValueError(f"{path} is not a regular file; make the corpus again with fineweb.py")
+    try:
+        with open(path, "rb") as f:
+            tokens, offset = npy_layout(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(
+            f"{path} is not a .npy shard ({e}); make it again with fineweb.py"
+        ) from None
+    size = os.path.getsize(path)
+    if size != offset + 2 * tokens:
+        raise ValueError(
+            f"{path} is cut short ({size:,} bytes, expected {offset + 2 * tokens:,}); "
+            "make it again with fineweb.py"
+        )
+    return tokens
+
+
 def load_corpus(data_root):
     """The manifest of the finished corpus in data_root, or a one-line
-    ValueError saying what to do. build-nanogpt's shards without a
-    manifest get one made up (GPT-2 tokens, dataset None, a "note")."""
+    ValueError saying what to do. Its shards are checked without being
+    read: each a regular file of the size its tokens make (verify_shard
+    reads them). build-nanogpt's shards without a manifest get one made
+    up (GPT-2 tokens, dataset None, a "note")."""
     root = Path(data_root)
     if (root / MANIFEST).is_file():
-        return json.loads((root / MANIFEST).read_text())
+        manifest, problem = read_json(root / MANIFEST)
+        problem = problem or manifest_problem(manifest)
+        if problem:
+            raise ValueError(
+                f"{root / MANIFEST} is damaged ({problem}); "
+                "rerun the fineweb.py command that made it"
+            )
+        for entry in manifest["shards"]:
+            expected = len(npy_header(entry["tokens"])) + 2 * entry["tokens"]
+            problem = shard_file_problem(root / entry["file"], expected)
+            if problem:
+                raise ValueError(f"{problem}; rerun fineweb.py")
+        return manifest
     if (root / ".fineweb").is_dir() or (root / ".fineweb_incomplete").exists():
         raise ValueError(f"{root} is unfinished: rerun the same fineweb.py command to finish it")
     found = [(p, s) for s in ("val", "train") for p in sorted(root.glob(f"*_{s}_*.npy"))]
@@ -678,7 +887,7 @@ def load_corpus(data_root):
         "vocab": None,
         "dataset": None,
         "shards": [
-            {"file": p.name, "split": s, "tokens": len(np.load(p, mmap_mode="r")), "sha256": None}
+            {"file": p.name, "split": s, "tokens": nanogpt_tokens(p), "sha256": None}
             for p, s in found
         ],
         "fingerprint": hashlib.sha256(
@@ -813,12 +1022,17 @@ def build(pool, args, target, settings, stop):
 
 
 # the sources and settings, then under out_dir's lock: finish a swap
-# cut short, refuse what the settings would not make, build, swap in;
-# state tells main where the files go and how many there are
+# cut short, refuse what the settings would not make, check what is
+# done, build, swap in; state tells main where the files go and how many there are
 def run(args, pool, state, stop):
     out_dir = Path(
         args.out_dir or (f"data/{Path(args.local[0]).stem}" if args.local else "edu_fineweb10B")
     )
+    # a manifest.json fineweb.py did not write (it writes .fineweb/ first) is the user's
+    if (out_dir / MANIFEST).exists() and not (out_dir / ".fineweb").is_dir():
+        raise CorpusError(
+            f"{out_dir} holds files that are not fineweb.py's ({MANIFEST}); pick another --out_dir"
+        )
     if args.local:
         sources = check_local(args.local)
     else:
@@ -860,6 +1074,8 @@ def run(args, pool, state, stop):
             raise CorpusError(f"{problem}; use --overwrite to rebuild, or another --out_dir")
         if problem:  # an earlier --overwrite's, with other settings
             shutil.rmtree(staging)
+        if state["target"].is_dir():
+            repair(pool, state["target"], settings, args.workers, stop)
         done = (out_dir / MANIFEST).is_file() and not args.overwrite
         if not done:
             build(pool, args, state["target"], settings, stop)
@@ -867,7 +1083,7 @@ def run(args, pool, state, stop):
             swap_in(out_dir, staging)
     manifest = json.loads((out_dir / MANIFEST).read_text())
     print(
-        f"{out_dir}: {'finished already, nothing to do' if done else 'done'} "
+        f"{out_dir}: {'finished already, its shards verified' if done else 'done'} "
         f"({manifest['tokens']:,} tokens, {len(manifest['shards'])} shards)"
     )
     return manifest
@@ -918,7 +1134,7 @@ def main(argv=None):
 
 # "N of M files done and kept", for the line a stopped or failed run ends with
 def files_done(state):
-    done = len(read_records(state["target"])) if state["target"] else 0
+    done = len(read_records(state["target"])[0]) if state["target"] else 0
     return f"{done} of {state['files']} files done and kept"
 
 

@@ -1,5 +1,5 @@
 """fineweb.py: slices and readers, tokenizers, shards and manifest at any --workers, reruns that
-continue, --overwrite, the hub offline, stop signals and dead workers, and the one-line
+continue and repair, --overwrite, the hub offline, stop signals and dead workers, and the one-line
 errors (in this process through fineweb.main; as a real process where the process is the point)."""
 
 import errno
@@ -206,6 +206,7 @@ BAD_INPUTS = [
     ("c.parquet", b"PAR1 not really", [], "c.parquet: ArrowInvalid:"),
     ("c.txt", b"ok\n" * 11 + b"\xff\xfe\n", [], "c.txt:12: not UTF-8 (byte 0xff at offset 33)"),
     ("c.txt", "\n \n\n", [], "the first file holds no documents"),
+    ("c.txt", "text", ["--out_dir", "mine"], "holds files that are not fineweb.py's"),
 ]
 
 
@@ -218,10 +219,15 @@ def test_bad_input_is_one_line(tmp_path, small_slices, name, content, extra, mes
         path.write_bytes(content)
     elif content is not None:
         path.write_text(content)
+    # a directory of the user's, with a manifest.json of theirs
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "manifest.json").write_text('{"mine": true}')
     out = tmp_path / "out"
+    extra = [str(tmp_path / a) if a == "mine" else a for a in extra]
     line = main_error(fineweb.main, ["--local", path, "--out_dir", out, "--workers", 2, *extra])
     assert line.startswith("fineweb.py: error: ") and "\n" not in line and message in line
     assert not list(out.glob("*.npy")) and not (out / "manifest.json").exists()
+    assert files_of(tmp_path / "mine") == {"manifest.json": b'{"mine": true}'}
 
 
 def test_the_command_lines_errors_are_one_line_on_stderr(tmp_path):
@@ -404,7 +410,107 @@ def test_char_vocabulary_of_all_files_and_its_limit(tmp_path, small_slices):
     assert not (tmp_path / "x").exists()
 
 
-def test_load_corpus(tmp_path):
+def test_verify_shard(tmp_path):
+    tokens = np.arange(0, 50257, 7, dtype=np.uint16)
+    path = tmp_path / "s.npy"
+    np.save(path, tokens)
+    entry = {"tokens": len(tokens), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+    assert fineweb.verify_shard(path, entry, 50257) is None
+    assert "holds token id 50253, not below the vocabulary's 50000" in fineweb.verify_shard(
+        path, {**entry, "sha256": None}, 50000
+    )
+    assert "holds 7,180 tokens, not the 7,181 recorded" in fineweb.verify_shard(
+        path, {**entry, "tokens": 7181}, 50257
+    )
+    data = path.read_bytes()
+    path.write_bytes(data[:-1] + b"\x01")  # the same size
+    assert fineweb.verify_shard(path, entry, 50257) == (
+        f"{path} changed since fineweb.py wrote it (its sha256 differs)"
+    )
+    path.write_bytes(data[:-2])
+    assert fineweb.verify_shard(path, entry, 50257) == (
+        f"{path} changed since fineweb.py wrote it (14,486 bytes, expected 14,488)"
+    )
+    np.save(path, tokens.astype(np.float32))
+    assert "float32 array" in fineweb.verify_shard(path, entry, 50257)
+    path.unlink()
+    assert fineweb.verify_shard(path, entry, 50257) == f"{path} is missing"
+    os.mkfifo(path)  # never opened: it would block for good
+    assert fineweb.verify_shard(path, entry, 50257) == f"{path} is not a regular file"
+
+
+def shard_of(root, n):
+    """The n-th shard file the manifest in root lists."""
+    return root / json.loads((root / "manifest.json").read_text())["shards"][n]["file"]
+
+
+def damage(root, how):
+    """root's corpus damaged in one way; returns the file the error must name."""
+    manifest = root / "manifest.json"
+    data = json.loads(manifest.read_text())
+    if how == "truncated manifest":
+        manifest.write_text(manifest.read_text()[:100])
+    elif how == "a list":
+        manifest.write_text("[1, 2]")
+    elif how == "no shards":
+        manifest.write_text(json.dumps({k: v for k, v in data.items() if k != "shards"}))
+    elif how == "tokens as text":
+        data["shards"][1]["tokens"] = "12"
+        manifest.write_text(json.dumps(data))
+    elif how == "a path as a shard":
+        data["shards"][1]["file"] = "../elsewhere.npy"
+        manifest.write_text(json.dumps(data))
+    elif how == "a shard cut short":
+        shard = shard_of(root, 1)
+        shard.write_bytes(shard.read_bytes()[:-2])
+        return shard
+    elif how == "a FIFO shard":
+        shard = shard_of(root, 1)
+        shard.unlink()
+        os.mkfifo(shard)
+        return shard
+    elif how == "a missing shard":
+        shard = shard_of(root, 1)
+        shard.unlink()
+        return shard
+    return manifest
+
+
+# (what is damaged, the one line's text)
+DAMAGED_CORPORA = [
+    ("truncated manifest", "is damaged (JSONDecodeError: "),
+    ("a list", "is damaged (a JSON list, not an object)"),
+    ("no shards", "is damaged (no list of shards)"),
+    ("tokens as text", "is damaged (shard edufineweb_train_0000_0001.npy: its tokens are not"),
+    ("a path as a shard", "is damaged (shard '../elsewhere.npy' is not a .npy file name)"),
+    ("a shard cut short", "changed since fineweb.py wrote it (2,126 bytes, expected 2,128)"),
+    ("a FIFO shard", "is not a regular file; rerun fineweb.py"),
+    ("a missing shard", "is missing; rerun fineweb.py"),
+]
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A finished corpus of shards of 1,000 tokens."""
+    root = tmp_path_factory.mktemp("finished")
+    docs = write_jsonl(root / "docs.jsonl", make_docs(100, 3))
+    run_main("--local", docs, "--out_dir", root / "out", "--shard_size", 1000, "--workers", 1)
+    return root / "out"
+
+
+@pytest.mark.parametrize("how, message", DAMAGED_CORPORA)
+def test_load_corpus_of_a_damaged_corpus_is_one_line(tmp_path, finished, how, message):
+    root = tmp_path / "out"
+    shutil.copytree(finished, root)
+    named = damage(root, how)
+    with pytest.raises(ValueError) as error:
+        fineweb.load_corpus(root)
+    line = str(error.value)
+    assert "\n" not in line and line.startswith(str(named)) and message in line
+    assert "rerun" in line and "fineweb.py" in line
+
+
+def test_load_corpus_of_build_nanogpts_shards(tmp_path):
     with pytest.raises(ValueError, match=f"^no shards in {tmp_path / 'missing'}; run fineweb.py$"):
         fineweb.load_corpus(tmp_path / "missing")
     nano = tmp_path / "nano"
@@ -418,6 +524,13 @@ def test_load_corpus(tmp_path):
     ]
     assert (manifest["tokenizer"], manifest["dataset"]) == ("gpt2", None)
     assert manifest["note"] and len(manifest["fingerprint"]) == 64
+    shard = nano / "edufineweb_train_000001.npy"
+    shard.write_bytes(shard.read_bytes()[:-3])
+    with pytest.raises(ValueError, match=r"is cut short \(165 bytes, expected 168\); make it"):
+        fineweb.load_corpus(nano)
+    shard.write_bytes(b"")
+    with pytest.raises(ValueError, match=f"^{shard} is not a .npy shard .*; make it again"):
+        fineweb.load_corpus(nano)
     (nano / ".fineweb").mkdir()  # fineweb.py's, without its manifest yet
     with pytest.raises(ValueError, match="is unfinished: rerun the same fineweb.py command"):
         fineweb.load_corpus(nano)
@@ -436,7 +549,7 @@ def test_rerun_is_a_no_op_and_other_settings_are_refused(tmp_path, capsys):
     before = files_of(out)
     capsys.readouterr()
     run_main(*args[:-1], 1)  # --workers may differ
-    assert "finished already, nothing to do" in capsys.readouterr().out
+    assert "finished already, its shards verified" in capsys.readouterr().out
     others = [
         ["--shard_size", 300],
         ["--tokenizer", "char"],
@@ -451,13 +564,45 @@ def test_rerun_is_a_no_op_and_other_settings_are_refused(tmp_path, capsys):
     message = main_error(fineweb.main, ["--local", a, "--out_dir", out, "--shard_size", 400])
     assert "another sources" in message
     assert files_of(out) == before
-    shard = out / "edufineweb_train_0001_0001.npy"
-    shard.write_bytes(shard.read_bytes()[:-2])
-    message = main_error(fineweb.main, args)
-    assert f"a shard of {b} in {out} changed on disk; use --overwrite" in message
-    shard.write_bytes(before["edufineweb_train_0001_0001.npy"])
     os.utime(a, ns=(0, 10**18))
     assert f"{a} changed since it was tokenised; use --overwrite" in main_error(fineweb.main, args)
+
+
+def test_a_rerun_makes_again_the_files_whose_shards_or_records_changed(tmp_path, capsys):
+    inputs = [write_jsonl(tmp_path / f"{i}.jsonl", make_docs(30, i)) for i in range(3)]
+    out = tmp_path / "out"
+    args = ["--local", *inputs, "--out_dir", out, "--shard_size", 400, "--workers", 2]
+    run_main(*args)
+    before = files_of(out)
+    # a byte of a shard of file 1 changed, the size the same; a shard of file 2 gone
+    changed = out / "edufineweb_train_0001_0002.npy"
+    data = bytearray(changed.read_bytes())
+    data[-1] ^= 1
+    changed.write_bytes(data)
+    (out / "edufineweb_train_0002_0000.npy").unlink()
+    capsys.readouterr()
+    run_main(*args)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:2] == [
+        f"{changed} changed since fineweb.py wrote it (its sha256 differs): "
+        f"tokenising {inputs[1]} again",
+        f"{out / 'edufineweb_train_0002_0000.npy'} is missing: tokenising {inputs[2]} again",
+    ]
+    assert lines[2].startswith("2/3 ") and lines[3].startswith("3/3 ")
+    assert files_of(out) == before
+    # a damaged done-record and manifest: the file and the manifest are made again
+    (out / ".fineweb" / "0000.done.json").write_text('{"source": ')
+    (out / "manifest.json").write_text("[]")
+    with pytest.raises(ValueError, match="manifest.json is damaged"):
+        fineweb.load_corpus(out)
+    run_main(*args)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith(
+        "manifest.json is damaged (a JSON list, not an object); writing it again"
+    )
+    assert "0000.done.json is damaged (JSONDecodeError: " in lines[1]
+    assert lines[2].startswith("1/3 ")
+    assert files_of(out) == before
 
 
 def test_one_run_per_out_dir(tmp_path):
