@@ -189,10 +189,10 @@ def next_line(f, offset):
     return f.tell()
 
 
-# The first offset after `offset` where a .txt document may start: a line with visible text after
-# two blank ones, all three after offset (so the answer depends on offset alone, whoever asks).
-# bytes.strip() knows only ASCII whitespace, a part of str.strip()'s: a line blank here is blank
-# as text too, and a cut here is a cut between documents. The file's size if there is none.
+# The first offset after `offset` where a .txt document starts: a line with visible text after
+# two blank ones, both after offset (lines before it are not looked at). bytes.strip() knows only
+# ASCII whitespace, a part of str.strip()'s: a line blank here is blank as text too, so a cut
+# here is a cut between documents. The file's size if there is none.
 def next_document(f, offset):
     next_line(f, offset)
     blank = 0
@@ -377,14 +377,14 @@ def read_documents(path, text_field="text"):
         yield from read_slice(path, start, stop, text_field)
 
 
-READERS = (".txt", ".jsonl", ".parquet")
+SUFFIXES = (".txt", ".jsonl", ".parquet")
 
 
 # the absolute paths of --local's files, refused before any work
 # when one is missing or of a kind we cannot read
 def check_local(paths):
     for path in paths:
-        if Path(path).suffix.lower() not in READERS or not os.path.isfile(path):
+        if Path(path).suffix.lower() not in SUFFIXES or not os.path.isfile(path):
             raise CorpusError(f"{path}: no such .txt, .jsonl or .parquet file")
     return [os.path.abspath(path) for path in paths]
 
