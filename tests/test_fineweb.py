@@ -210,7 +210,9 @@ BAD_INPUTS = [
 ]
 
 
-@pytest.mark.parametrize("name, content, extra, message", BAD_INPUTS)
+@pytest.mark.parametrize(
+    "name, content, extra, message", BAD_INPUTS, ids=[c[3] for c in BAD_INPUTS]
+)
 def test_bad_input_is_one_line(tmp_path, small_slices, name, content, extra, message):
     path = tmp_path / name
     if content == "parquet":
@@ -498,7 +500,7 @@ def finished(tmp_path_factory):
     return root / "out"
 
 
-@pytest.mark.parametrize("how, message", DAMAGED_CORPORA)
+@pytest.mark.parametrize("how, message", DAMAGED_CORPORA, ids=[c[0] for c in DAMAGED_CORPORA])
 def test_load_corpus_of_a_damaged_corpus_is_one_line(tmp_path, finished, how, message):
     root = tmp_path / "out"
     shutil.copytree(finished, root)
