@@ -14,12 +14,14 @@ documents separated by two or more blank lines; a .jsonl line or a
 .parquet row holds one in its --text_field. --free deletes each
 download once its shards are done.
 
-Each file is tokenised on its own, in order, by a pool of --workers
-processes, into shards of --shard_size tokens named
-{prefix}_{split}_{file:04d}_{part:04d}.npy (np.save of a 1-D uint16
-array). GPT-2: each document is <|endoftext|> then its tokens. char:
-one token per character of the --local files, and each document is
-followed by a blank line.
+Each file is tokenised on its own, in order, into shards of
+--shard_size tokens named {prefix}_{split}_{file:04d}_{part:04d}.npy
+(np.save of a 1-D uint16 array). --workers processes read the file's
+slices themselves (.parquet rows, .txt/.jsonl bytes cut where a
+document or line starts) and send back their tokens; this process
+puts them in order and writes the shards. GPT-2: each document is
+<|endoftext|> then its tokens. char: one token per character of the
+--local files, and each document is followed by a blank line.
 
 Split: the first --shard_size tokens of the first file are val (part
 0 of file 0), everything after is train. If the first file holds at
@@ -32,27 +34,32 @@ its source, the settings, its shards and their sha256); manifest.json
 comes last, and until then train_gpt2.py refuses the directory. A run
 that is stopped (Ctrl-C, kill) or fails keeps its finished files: the
 same command continues with the first unfinished one, and ends with
-the bytes of a run that never stopped. Other settings on the same
---out_dir are refused. --overwrite builds the new corpus beside the
-old one (.fineweb/staging/) and swaps it in once it is complete.
+the bytes of a run that never stopped. A rerun first checks every
+shard already written (size, sha256) and tokenises a file whose
+shards changed again. Other settings on the same --out_dir are
+refused. --overwrite builds the new corpus beside the old one
+(.fineweb/staging/) and swaps it in once it is complete.
 """
 
 import argparse
 import base64
+import collections
+import concurrent.futures
 import contextlib
 import ctypes
 import fcntl
 import fnmatch
 import functools
 import hashlib
+import io
 import itertools
 import json
 import multiprocessing
 import os
 import shutil
 import signal
+import stat
 import sys
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -70,6 +77,12 @@ GPT2_VOCAB_FILE = Path(__file__).resolve().parent / "assets" / "gpt2.tiktoken"
 GPT2_VOCAB_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 EOT_TOKEN = 50256  # <|endoftext|>
 GPT2_VOCAB_SIZE = 50257
+
+# A worker's unit of work: about 1 MiB of input (~250k GPT-2 tokens, a tenth of a second of
+# one core), so a stop waits little and a few slices per worker in flight hold little memory.
+SLICE_BYTES = 2**20
+SLICES_AHEAD = 2  # per worker, submitted beyond the one awaited
+CHUNK_BYTES = 2**20  # what verify_shard reads at a time (it stays in the CPU cache)
 
 
 class CorpusError(Exception):
@@ -148,6 +161,12 @@ def tokenizer_from_manifest(info):
     return make_tokenizer(info.get("vocab"))
 
 
+# GPT-2's tokenizer for vocab None, else the CharTokenizer of vocab
+@functools.lru_cache(maxsize=None)
+def make_tokenizer(vocab):
+    return get_tokenizer() if vocab is None else CharTokenizer(vocab)
+
+
 # UTF-8 bytes of each id's text (int64); <|endoftext|> is 0.
 def token_byte_lengths(enc):
     if enc.name == "char":
@@ -159,87 +178,215 @@ def token_byte_lengths(enc):
 
 
 # -----------------------------------------------------------------------------
-# Documents: each reader yields a file's texts in order (None allowed)
+# Slices: a file cut into parts that workers read on their own. A slice is (path, start, stop):
+# bytes of a .txt or .jsonl file, cut where a document or a line starts; rows of a .parquet file.
 
 
-# documents separated by two or more blank lines (whitespace only)
-def read_txt(path, text_field=None):
-    lines = []
-    # utf-8-sig: a byte-order mark at the start is not text
-    with open(path, encoding="utf-8-sig") as f:
-        for line in f:
-            # a line of text after two blank ones starts a document
-            if line.strip() and len(lines) > 1 and not "".join(lines[-2:]).strip():
-                yield "".join(lines).strip()
-                lines = []
-            lines.append(line)
-    yield "".join(lines).strip()
+# where the line after the one holding `offset` starts (the file's size if none)
+def next_line(f, offset):
+    f.seek(offset)
+    f.readline()
+    return f.tell()
 
 
-# the text field of each JSON object, one a line (blank lines allowed)
-def read_jsonl(path, text_field="text"):
-    with open(path, encoding="utf-8-sig") as f:
-        for lineno, line in enumerate(f, 1):
-            try:
-                yield json.loads(line)[text_field] if line.strip() else None
-            except (ValueError, KeyError, TypeError, IndexError) as e:
-                raise CorpusError(
-                    f"{path}:{lineno}: not a JSON object with a "
-                    f"{text_field!r} field ({type(e).__name__}: {e}); "
-                    "mend the line, or pick the field with --text_field"
-                ) from None
+# The first offset after `offset` where a .txt document starts: a line with visible text after
+# two blank ones, both after offset (lines before it are not looked at). bytes.strip() knows only
+# ASCII whitespace, a part of str.strip()'s: a line blank here is blank as text too, so a cut
+# here is a cut between documents. The file's size if there is none.
+def next_document(f, offset):
+    next_line(f, offset)
+    blank = 0
+    while True:
+        at = f.tell()
+        line = f.readline()
+        if not line or (line.strip() and blank >= 2):
+            return at
+        blank = 0 if line.strip() else blank + 1
 
 
-# the text column of a Parquet file, read in record batches
-def read_parquet(path, text_field="text"):
+# A .parquet file's slices: its row groups (datatrove, which wrote FineWeb-Edu, writes groups of
+# 1,000 documents, ~5 MB), small ones gathered up to SLICE_BYTES. A group of more than 8 slices'
+# bytes is cut into 8 row ranges: a worker decodes the group from its start up to its range
+# (Parquet has no row index to seek by), so more ranges would cost more decoding than they gain.
+def parquet_slices(path, text_field):
     import pyarrow.parquet as pq
 
-    table = pq.ParquetFile(path)
+    try:
+        table = pq.ParquetFile(path)
+    except (ValueError, OSError) as e:  # not Parquet, unreadable
+        raise CorpusError(f"{path}: {type(e).__name__}: {e}") from None
     if text_field not in table.schema_arrow.names:
         raise CorpusError(
             f"{path}: no column {text_field!r} (columns: "
             f"{', '.join(table.schema_arrow.names[:10])}); pick one with --text_field"
         )
-    for batch in table.iter_batches(batch_size=1024, columns=[text_field]):
-        yield from batch.column(0).to_pylist()
+    start = 0  # the first row of the slice being gathered
+    gathered = 0  # its bytes
+    row = 0  # the first row of group i
+    for i in range(table.num_row_groups):
+        rows = table.metadata.row_group(i).num_rows
+        size = table.metadata.row_group(i).total_byte_size
+        if size > 8 * SLICE_BYTES:
+            if row > start:
+                yield (path, start, row)
+            cuts = [row + rows * k // 8 for k in range(9)]
+            for a, b in zip(cuts, cuts[1:]):
+                if b > a:
+                    yield (path, a, b)
+            start = row + rows
+            gathered = 0
+        else:
+            gathered += size
+            if gathered >= SLICE_BYTES:
+                yield (path, start, row + rows)
+                start = row + rows
+                gathered = 0
+        row += rows
+    if row > start:
+        yield (path, start, row)
 
 
-READERS = {".txt": read_txt, ".jsonl": read_jsonl, ".parquet": read_parquet}
+# path's slices, in order; planned as they are asked for (a .txt or .jsonl file is read here
+# only around each cut: a line, or up to the next document)
+def plan_slices(path, text_field):
+    if Path(path).suffix.lower() == ".parquet":
+        yield from parquet_slices(path, text_field)
+        return
+    cut = next_document if Path(path).suffix.lower() == ".txt" else next_line
+    size = os.path.getsize(path)
+    start = 0
+    with open(path, "rb") as f:
+        while start < size:
+            stop = cut(f, start + SLICE_BYTES) if start + SLICE_BYTES < size else size
+            yield (path, start, stop)
+            start = stop
 
 
-# a file's documents, by its extension; those without visible text
-# (or not text: null, a number) are skipped
-def read_documents(path, text_field="text"):
+# the number of line ends (\n, \r\n, or \r alone, as Python's text files count them) in the
+# first `stop` bytes of path: where a slice's line numbers start, for an error's message
+def lines_before(path, stop):
+    count = 0
+    last = b""
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(min(2**24, stop - f.tell())), b""):
+            count += chunk.count(b"\n") + chunk.count(b"\r") - chunk.count(b"\r\n")
+            if last == b"\r" and chunk[:1] == b"\n":
+                count -= 1
+            last = chunk[-1:]
+    return count
+
+
+# a slice of a .txt or .jsonl file as text: UTF-8, a byte-order mark at the file's start not
+# text, its line ends \n (as a text file reads them)
+def read_text(path, start, stop):
+    with open(path, "rb") as f:
+        f.seek(start)
+        data = f.read(stop - start)
+    if start == 0 and data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]
+        start = 3
     try:
-        for doc in READERS[Path(path).suffix.lower()](path, text_field):
-            if isinstance(doc, str) and doc.strip():
-                yield doc
-    except (ValueError, OSError) as e:  # not UTF-8, not Parquet, unreadable
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = lines_before(path, start + e.start) + 1
+        raise CorpusError(
+            f"{path}:{line}: not UTF-8 (byte {data[e.start]:#04x} at offset {start + e.start}); "
+            "convert the file to UTF-8"
+        ) from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+# Documents separated by two or more blank lines (whitespace only): a line of text after two
+# blank ones starts a document. Each document stripped.
+def txt_documents(text):
+    lines = text.split("\n")
+    docs = []
+    first = 0  # the current document's first line
+    blank = 0  # blank lines just before line i
+    for i, line in enumerate(lines):
+        if line.strip() and blank >= 2:
+            docs.append("\n".join(lines[first:i]).strip())
+            first = i
+        blank = 0 if line.strip() else blank + 1
+    docs.append("\n".join(lines[first:]).strip())
+    return docs
+
+
+# the text field of each JSON object, one a line (blank lines allowed); a bad line is named by
+# its number in the file
+def jsonl_documents(path, text, start, text_field):
+    docs = []
+    for number, line in enumerate(text.split("\n")):
+        if not line.strip():
+            continue
+        try:
+            docs.append(json.loads(line)[text_field])
+        except (ValueError, KeyError, TypeError, IndexError) as e:
+            lineno = lines_before(path, start) + number + 1
+            raise CorpusError(
+                f"{path}:{lineno}: not a JSON object with a "
+                f"{text_field!r} field ({type(e).__name__}: {e}); "
+                "mend the line, or pick the field with --text_field"
+            ) from None
+    return docs
+
+
+# the text column of rows [start, stop) of a .parquet file, read in record batches
+def parquet_documents(path, start, stop, text_field):
+    import pyarrow.parquet as pq
+
+    table = pq.ParquetFile(path)
+    sizes = [table.metadata.row_group(i).num_rows for i in range(table.num_row_groups)]
+    firsts = np.cumsum([0] + sizes)  # each group's first row, and the file's end
+    groups = [i for i in range(len(sizes)) if firsts[i] < stop and firsts[i + 1] > start]
+    row = firsts[groups[0]] if groups else start  # the first row of the batch read
+    docs = []
+    batches = table.iter_batches(
+        batch_size=1024, row_groups=groups, columns=[text_field], use_threads=False
+    )
+    for batch in batches:
+        lo = max(start - row, 0)
+        hi = min(stop - row, batch.num_rows)
+        if hi > lo:
+            docs += batch.column(0).slice(lo, hi - lo).to_pylist()
+        row += batch.num_rows
+        if row >= stop:
+            break
+    return docs
+
+
+# A slice's documents, in order; those without visible text (or not text: null, a number) are
+# left out.
+def read_slice(path, start, stop, text_field):
+    suffix = Path(path).suffix.lower()
+    try:
+        if suffix == ".parquet":
+            docs = parquet_documents(path, start, stop, text_field)
+        elif suffix == ".txt":
+            docs = txt_documents(read_text(path, start, stop))
+        else:
+            docs = jsonl_documents(path, read_text(path, start, stop), start, text_field)
+    except (ValueError, OSError) as e:  # not Parquet, unreadable
         raise CorpusError(f"{path}: {type(e).__name__}: {e}") from None
+    return [doc for doc in docs if isinstance(doc, str) and doc.strip()]
+
+
+# a file's documents, in order (its slices read one after another, here)
+def read_documents(path, text_field="text"):
+    for _, start, stop in plan_slices(path, text_field):
+        yield from read_slice(path, start, stop, text_field)
+
+
+SUFFIXES = (".txt", ".jsonl", ".parquet")
 
 
 # the absolute paths of --local's files, refused before any work
 # when one is missing or of a kind we cannot read
 def check_local(paths):
     for path in paths:
-        if Path(path).suffix.lower() not in READERS or not os.path.isfile(path):
+        if Path(path).suffix.lower() not in SUFFIXES or not os.path.isfile(path):
             raise CorpusError(f"{path}: no such .txt, .jsonl or .parquet file")
     return [os.path.abspath(path) for path in paths]
-
-
-# the char vocabulary: the sorted distinct characters of the files'
-# documents and of the blank line that ends each document
-def char_vocab(paths, text_field):
-    chars = set("\n")
-    for path in paths:
-        for doc in read_documents(path, text_field):
-            chars.update(doc)
-    if len(chars) > 2**16:
-        raise CorpusError(
-            f"the corpus has {len(chars):,} distinct characters, more than "
-            "the 65,536 ids of a uint16 shard; use --tokenizer gpt2"
-        )
-    return "".join(sorted(chars))
 
 
 # the dataset's files that match pattern, sorted: as the hub lists
@@ -267,27 +414,22 @@ def hub_files(repo, pattern, download_dir):
 
 
 # -----------------------------------------------------------------------------
-# Tokenising a file into shards
+# The workers: each reads its slices itself and sends back small arrays
 
 
-# pool worker set-up: die with the parent (even on its kill -9), and
-# leave stop signals to it: Ctrl-C, a hangup or a scheduler's SIGTERM
-# reach the whole process group, and a worker killed with a task in
-# hand would leave the pool waiting for its result
+# Worker set-up: die with the parent (even on its kill -9). Ctrl-C, a hangup and SIGUSR1 reach
+# the whole process group (from a terminal, a scheduler): they are the parent's, which ends the
+# run between slices. SIGTERM ends a worker at once: the pool ends its other workers by SIGTERM
+# once one has died, and a scheduler's SIGTERM to the group reaches the parent too.
 def init_worker(parent):
     if sys.platform.startswith("linux"):
         # prctl(PR_SET_PDEATHSIG, SIGKILL)
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)
     if os.getppid() != parent:  # it died before prctl
         os._exit(1)
-    for sig in STOP_SIGNALS:
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
         signal.signal(sig, signal.SIG_IGN)
-
-
-# GPT-2's tokenizer for vocab None, else the CharTokenizer of vocab
-@functools.lru_cache(maxsize=None)
-def make_tokenizer(vocab):
-    return get_tokenizer() if vocab is None else CharTokenizer(vocab)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 # GPT-2: [<|endoftext|>] + the document's tokens (build-nanogpt's);
@@ -297,6 +439,118 @@ def encode_document(vocab, doc):
     if vocab is None:
         return np.array([enc.eot_token] + enc.encode_ordinary(doc), dtype=np.uint16)
     return np.array(enc.encode(doc + "\n\n"), dtype=np.uint16)
+
+
+# A slice's tokens (uint16) and each of its documents' token counts (int64), in a worker. One
+# document at a time on the worker's main thread: tiktoken there runs faster than in
+# encode_ordinary_batch's threads, and processes already use every core (docs/benchmarks.md).
+def encode_slice(path, start, stop, text_field, vocab):
+    docs = read_slice(path, start, stop, text_field)
+    arrays = [encode_document(vocab, doc) for doc in docs]
+    lengths = np.array([len(a) for a in arrays], dtype=np.int64)
+    return np.concatenate([np.empty(0, dtype=np.uint16)] + arrays), lengths
+
+
+# a slice's distinct characters, sorted, in a worker
+def slice_chars(path, start, stop, text_field):
+    return "".join(sorted(set("".join(read_slice(path, start, stop, text_field)))))
+
+
+# fn(*job) of each job by the pool, results in order: at most `ahead` jobs submitted beyond the
+# one awaited. A stop signal only records itself; it is looked at here, between results, and
+# while waiting (every 0.2 s).
+def in_order(pool, fn, jobs, ahead, stop):
+    jobs = iter(jobs)
+    pending = collections.deque()
+    for job in itertools.islice(jobs, ahead + 1):
+        pending.append(pool.submit(fn, *job))
+    while pending:
+        future = pending.popleft()
+        stop.check()
+        while not future.done():
+            concurrent.futures.wait([future], timeout=0.2)
+            stop.check()
+        for job in itertools.islice(jobs, 1):
+            pending.append(pool.submit(fn, *job))
+        yield future.result()
+
+
+# the char vocabulary: the sorted distinct characters of the files'
+# documents and of the blank line that ends each document
+def char_vocab(pool, paths, text_field, workers, stop):
+    jobs = (job + (text_field,) for path in paths for job in plan_slices(path, text_field))
+    chars = set("\n")
+    for found in in_order(pool, slice_chars, jobs, SLICES_AHEAD * workers, stop):
+        chars.update(found)
+    if len(chars) > 2**16:
+        raise CorpusError(
+            f"the corpus has {len(chars):,} distinct characters, more than "
+            "the 65,536 ids of a uint16 shard; use --tokenizer gpt2"
+        )
+    return "".join(sorted(chars))
+
+
+# -----------------------------------------------------------------------------
+# Shards
+
+
+# np.save's header of a 1-D uint16 array of n tokens: a shard's first bytes
+def npy_header(n):
+    header = io.BytesIO()
+    fields = {"descr": "<u2", "fortran_order": False, "shape": (n,)}
+    np.lib.format.write_array_header_1_0(header, fields)
+    return header.getvalue()
+
+
+# (tokens, where they start) of the .npy file open in f, at its start; a ValueError if it is
+# not a 1-D uint16 array
+def npy_layout(f):
+    version = np.lib.format.read_magic(f)
+    if version == (1, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+    elif version == (2, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+    else:
+        raise ValueError(f".npy format version {version}")
+    if dtype != np.dtype("<u2") or len(shape) != 1:
+        raise ValueError(f"a {dtype} array of shape {shape}, not 1-D uint16")
+    return shape[0], f.tell()
+
+
+def verify_shard(path, entry, vocab_size):
+    """None if the .npy shard at path is what entry (a manifest's shard) says: a regular file of
+    entry["tokens"] uint16 tokens, of sha256 entry["sha256"] (unless that is None), every id below
+    vocab_size. Else the problem, one line naming the shard (the caller says what to do). Reads
+    CHUNK_BYTES at a time."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return f"{path} is missing"
+    if not stat.S_ISREG(info.st_mode):
+        return f"{path} is not a regular file"
+    digest = hashlib.sha256()
+    top = 0
+    try:
+        with open(path, "rb") as f:
+            tokens, offset = npy_layout(f)
+            if tokens != entry["tokens"]:
+                return f"{path} holds {tokens:,} tokens, not the {entry['tokens']:,} recorded"
+            if info.st_size != offset + 2 * tokens:
+                sizes = f"{info.st_size:,} bytes, expected {offset + 2 * tokens:,}"
+                return f"{path} changed since fineweb.py wrote it ({sizes})"
+            f.seek(0)
+            digest.update(f.read(offset))
+            for chunk in iter(functools.partial(f.read, CHUNK_BYTES), b""):
+                if entry["sha256"] is not None:
+                    digest.update(chunk)
+                top = max(top, int(np.frombuffer(chunk, dtype="<u2").max()))
+    except (OSError, ValueError) as e:
+        return f"{path} cannot be read as a .npy shard ({e})"
+    if entry["sha256"] is not None and digest.hexdigest() != entry["sha256"]:
+        return f"{path} changed since fineweb.py wrote it (its sha256 differs)"
+    if top >= vocab_size:
+        return f"{path} holds token id {top}, not below the vocabulary's {vocab_size}"
+    return None
 
 
 # how many of the n tokens of a first file that fits in one shard
@@ -329,19 +583,40 @@ def write_atomic(path, write, unique=False):
         tmp.unlink(missing_ok=True)  # (gone already once renamed)
 
 
-# the next part of file `index` (val if it is the first of all),
-# added to its shard entries
-def save_shard(target, prefix, index, shards, tokens):
+# the first n tokens of the arrays `parts`, and the rest (views: nothing copied)
+def split_parts(parts, n):
+    head = []
+    for i, part in enumerate(parts):
+        if len(part) >= n:
+            return head + [part[:n]], [part[n:]] + parts[i + 1 :]
+        head.append(part)
+        n -= len(part)
+    return head, []
+
+
+# The next part of file `index` (val if it is the first of all), added to its shard entries: the
+# bytes np.save writes for the tokens of `parts`, concatenated (its header, then the tokens),
+# written straight from the parts, and their sha256.
+def save_shard(target, prefix, index, shards, parts):
     split = "val" if index == len(shards) == 0 else "train"
     path = target / f"{prefix}_{split}_{index:04d}_{len(shards):04d}.npy"
-    write_atomic(path, lambda f: np.save(f, tokens))
-    sha256 = hashlib.sha256(path.read_bytes()).hexdigest()
+    tokens = sum(len(part) for part in parts)
+    digest = hashlib.sha256(npy_header(tokens))
+    for part in parts:
+        digest.update(part.data)
+
+    def write(f):
+        f.write(npy_header(tokens))
+        for part in parts:
+            f.write(part.data)
+
+    write_atomic(path, write)
     shards.append(
         {
             "file": path.name,
             "split": split,
-            "tokens": len(tokens),
-            "sha256": sha256,
+            "tokens": tokens,
+            "sha256": digest.hexdigest(),
             "bytes": path.stat().st_size,
         }
     )
@@ -349,28 +624,29 @@ def save_shard(target, prefix, index, shards, tokens):
 
 # build-nanogpt's packing, per file: parts of size tokens, the last
 # one the remainder (a document may span parts); returns their entries.
-# A stop signal is taken between documents.
-def write_shards(target, index, stream, settings, stop):
+# results: each slice's tokens and its documents' token counts, in order.
+def write_shards(target, index, results, settings):
     size = settings["shard_size"]
-    pending = [np.empty(0, dtype=np.uint16)]  # tokens not in a shard
+    pending = []  # token arrays not in a shard yet
     count = 0
+    lengths = []  # documents' token counts, while the first file may fit in one shard
     shards = []
-    for tokens in stream:
-        stop.check()
+    for tokens, doc_lengths in results:
         pending.append(tokens)
         count += len(tokens)
+        if index == 0 and not shards:
+            lengths.append(doc_lengths)
         # a full shard is written once there are more tokens
         while count > size:
-            joined = np.concatenate(pending)
-            save_shard(target, settings["prefix"], index, shards, joined[:size])
-            pending = [joined[size:]]
+            parts, pending = split_parts(pending, size)
+            save_shard(target, settings["prefix"], index, shards, parts)
             count -= size
     # a first file that fits in one shard: pending holds its documents
-    starts = np.cumsum([len(tokens) for tokens in pending])
+    starts = np.cumsum(np.concatenate([[0]] + lengths)).tolist()
     cut = small_val_size(count, starts) if index == 0 and not shards else 0
-    for tokens in np.split(np.concatenate(pending), [cut]):
-        if len(tokens):
-            save_shard(target, settings["prefix"], index, shards, tokens)
+    for parts in split_parts(pending, cut):
+        if sum(len(part) for part in parts):
+            save_shard(target, settings["prefix"], index, shards, parts)
     return shards
 
 
@@ -378,36 +654,138 @@ def write_shards(target, index, stream, settings, stop):
 # The output directory: done-records, manifest, --overwrite's swap
 
 
-# target's done-records, in file order (names {file:04d}.done.json)
+# why entry is not a shard entry of a manifest, or None
+def shard_entry_problem(entry):
+    if not isinstance(entry, dict):
+        return "a shard entry is not a JSON object"
+    name = entry.get("file")
+    if not isinstance(name, str) or Path(name).name != name or not name.endswith(".npy"):
+        return f"shard {name!r} is not a .npy file name"
+    if entry.get("split") not in ("val", "train"):
+        return f"shard {name}: its split is not 'val' or 'train'"
+    tokens = entry.get("tokens")
+    if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:
+        return f"shard {name}: its tokens are not a count"
+    sha256 = entry.get("sha256")
+    if sha256 is not None and not (isinstance(sha256, str) and len(sha256) == 64):
+        return f"shard {name}: its sha256 is not a hex digest"
+    return None
+
+
+# why manifest (parsed JSON) is not a corpus's manifest, or None
+def manifest_problem(manifest):
+    if not isinstance(manifest, dict):
+        return f"a JSON {type(manifest).__name__}, not an object"
+    if manifest.get("tokenizer") not in ("gpt2", "char"):
+        return "its tokenizer is not 'gpt2' or 'char'"
+    if (manifest["tokenizer"] == "char") != isinstance(manifest.get("vocab"), str):
+        return "its vocab does not fit its tokenizer"
+    if not isinstance(manifest.get("fingerprint"), str):
+        return "no fingerprint"
+    if not isinstance(manifest.get("shards"), list) or not manifest["shards"]:
+        return "no list of shards"
+    for entry in manifest["shards"]:
+        problem = shard_entry_problem(entry)
+        if problem:
+            return problem
+    return None
+
+
+# a done-record's problem, or None: a damaged one (edited, cut short) means its file is not done
+def record_problem(record):
+    if not isinstance(record, dict) or not isinstance(record.get("settings"), dict):
+        return "not a done-record"
+    if not isinstance(record.get("source"), str) or not isinstance(record.get("size"), int):
+        return "no source, or no size"
+    if not isinstance(record.get("mtime_ns"), (int, type(None))):
+        return "its mtime_ns is not a number"
+    if not isinstance(record.get("shards"), list):
+        return "no list of shards"
+    for entry in record["shards"]:
+        problem = shard_entry_problem(entry)
+        if problem:
+            return problem
+        if not isinstance(entry.get("bytes"), int) or entry["sha256"] is None:
+            return f"shard {entry['file']}: no bytes or no sha256"
+    return None
+
+
+# the JSON in path, or (None, why not)
+def read_json(path):
+    try:
+        return json.loads(path.read_text()), None
+    except (OSError, ValueError) as e:
+        return None, f"{type(e).__name__}: {e}"
+
+
+# target's done-records by file index (names {file:04d}.done.json): the good ones, and the
+# paths of damaged ones with their problem
 def read_records(target):
-    return [json.loads(p.read_text()) for p in sorted(target.glob(".fineweb/*.done.json"))]
+    records = {}
+    damaged = {}
+    for path in sorted(target.glob(".fineweb/*.done.json")):
+        record, problem = read_json(path)
+        problem = problem or record_problem(record)
+        if not path.name[:-10].isdigit():
+            problem = "not a done-record's name"
+        if problem:
+            damaged[path] = problem
+        else:
+            records[int(path.name[:-10])] = record
+    return records, damaged
 
 
-# why target's finished corpus or files are not what these settings
-# make (other settings, a source or a shard changed since), or None
+# why target's corpus or finished files are not what these settings
+# make (other settings, a source changed since), or None
 def check_corpus(target, settings):
-    records = read_records(target)
+    records, _ = read_records(target)
     # the first setting that differs, in the manifest or in a record
-    made = [r["settings"] for r in records] + [
-        json.loads(p.read_text()) for p in target.glob(MANIFEST)
-    ]
+    made = [r["settings"] for r in records.values()]
+    manifest, problem = read_json(target / MANIFEST)
+    if (target / MANIFEST).exists() and not problem and not manifest_problem(manifest):
+        made.append(manifest)
     key = next((k for old in made for k in settings if old.get(k) != settings[k]), None)
     if key:
         return f"{target} holds a corpus made with another {key}"
-    for record in records:
+    for record in records.values():
         st = os.stat(record["source"]) if record["mtime_ns"] else None
         if st and [st.st_size, st.st_mtime_ns] != [record["size"], record["mtime_ns"]]:
             return f"{record['source']} changed since it was tokenised"
-        sizes = [(target / s["file"]).stat().st_size for s in record["shards"]]
-        if sizes != [s["bytes"] for s in record["shards"]]:
-            return f"a shard of {record['source']} in {target} changed on disk"
     return None
+
+
+# Damaged done-records and manifest go (their files are made again), and every shard of the done
+# files is checked by the pool (size, sha256, ids); a file whose shards changed loses its
+# record, to be tokenised again. The manifest goes first: the directory is unfinished from then.
+def repair(pool, target, settings, workers, stop):
+    records, damaged = read_records(target)
+    manifest, problem = read_json(target / MANIFEST)
+    if (target / MANIFEST).exists() and not problem:
+        problem = manifest_problem(manifest)
+    vocab_size = len(settings["vocab"] or "") or GPT2_VOCAB_SIZE
+    jobs = [(target / s["file"], s, vocab_size) for r in records.values() for s in r["shards"]]
+    owners = [i for i, r in records.items() for _ in r["shards"]]
+    bad = {}
+    for index, found in zip(owners, in_order(pool, verify_shard, jobs, workers, stop)):
+        if found and index not in bad:
+            bad[index] = found
+    if (target / MANIFEST).exists() and problem:
+        print(f"{target / MANIFEST} is damaged ({problem}); writing it again")
+    if (target / MANIFEST).exists() and (problem or damaged or bad):
+        (target / MANIFEST).unlink()
+    for path, why in damaged.items():
+        print(f"{path} is damaged ({why}); its file is tokenised again")
+        path.unlink()
+    for index, found in bad.items():
+        print(f"{found}: tokenising {records[index]['source']} again")
+        (target / ".fineweb" / f"{index:04d}.done.json").unlink()
 
 
 # manifest.json from the done-records: the shards, val first, and a
 # fingerprint over their sha256s
 def write_manifest(target, settings):
-    shards = [s for record in read_records(target) for s in record["shards"]]
+    records, _ = read_records(target)
+    shards = [s for index in sorted(records) for s in records[index]["shards"]]
     manifest = {
         **settings,
         "vocab_size": len(settings["vocab"] or "") or GPT2_VOCAB_SIZE,
@@ -427,40 +805,78 @@ def write_manifest(target, settings):
 def swap_in(out_dir, staging):
     new = json.loads((staging / MANIFEST).read_text())
     keep = {s["file"] for s in new["shards"]}
-    old = {s["file"] for r in read_records(out_dir) for s in r["shards"]}
+    records, _ = read_records(out_dir)
+    old = {s["file"] for r in records.values() for s in r["shards"]}
     (out_dir / MANIFEST).unlink(missing_ok=True)
     for name in old - keep:
         (out_dir / name).unlink(missing_ok=True)
     for path in (out_dir / ".fineweb").glob("*.done.json"):
-        if int(path.name[:-10]) >= len(new["sources"]):  # the rest are replaced
-            path.unlink()
+        if not path.name[:-10].isdigit() or int(path.name[:-10]) >= len(new["sources"]):
+            path.unlink()  # the rest are replaced
     for path in [*staging.glob("*.npy"), *(staging / ".fineweb").glob("*.json")]:
         os.replace(path, out_dir / path.relative_to(staging))
     os.replace(staging / MANIFEST, out_dir / MANIFEST)
     shutil.rmtree(staging)
 
 
-def verify_shard(path, entry, vocab_size):
-    """None, or why path is not the shard entry describes: its sha256 (when recorded) and
-    every id below vocab_size."""
-    tokens = np.load(path, mmap_mode="r")
-    if (
-        entry.get("sha256")
-        and hashlib.sha256(Path(path).read_bytes()).hexdigest() != entry["sha256"]
-    ):
-        return f"{path} changed since fineweb.py wrote it (its sha256 differs)"
-    if len(tokens) and int(tokens.max()) >= vocab_size:
-        return f"{path} holds token id {int(tokens.max())}, past the vocabulary of {vocab_size}"
+# a shard's problem as load_corpus sees it without reading it: gone, not a regular file (a FIFO
+# would block a reader for good), or not of the size np.save gives its tokens
+def shard_file_problem(path, expected):
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return f"{path} is missing"
+    if not stat.S_ISREG(info.st_mode):
+        return f"{path} is not a regular file"
+    if info.st_size != expected:
+        sizes = f"{info.st_size:,} bytes, expected {expected:,}"
+        return f"{path} changed since fineweb.py wrote it ({sizes})"
     return None
+
+
+# the tokens of a shard of build-nanogpt's (no manifest), from its header; a one-line ValueError
+# if it is not a whole .npy file of uint16 tokens
+def nanogpt_tokens(path):
+    # is_file() looks without opening: a FIFO would block for good
+    if not path.is_file():
+        raise ValueError(f"{path} is not a regular file; make the corpus again with fineweb.py")
+    try:
+        with open(path, "rb") as f:
+            tokens, offset = npy_layout(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(
+            f"{path} is not a .npy shard ({e}); make it again with fineweb.py"
+        ) from None
+    size = os.path.getsize(path)
+    if size != offset + 2 * tokens:
+        raise ValueError(
+            f"{path} is cut short ({size:,} bytes, expected {offset + 2 * tokens:,}); "
+            "make it again with fineweb.py"
+        )
+    return tokens
 
 
 def load_corpus(data_root):
     """The manifest of the finished corpus in data_root, or a one-line
-    ValueError saying what to do. build-nanogpt's shards without a
-    manifest get one made up (GPT-2 tokens, dataset None, a "note")."""
+    ValueError saying what to do. Its shards are checked without being
+    read: each a regular file of the size its tokens make (verify_shard
+    reads them). build-nanogpt's shards without a manifest get one made
+    up (GPT-2 tokens, dataset None, a "note")."""
     root = Path(data_root)
     if (root / MANIFEST).is_file():
-        return json.loads((root / MANIFEST).read_text())
+        manifest, problem = read_json(root / MANIFEST)
+        problem = problem or manifest_problem(manifest)
+        if problem:
+            raise ValueError(
+                f"{root / MANIFEST} is damaged ({problem}); "
+                "rerun the fineweb.py command that made it"
+            )
+        for entry in manifest["shards"]:
+            expected = len(npy_header(entry["tokens"])) + 2 * entry["tokens"]
+            problem = shard_file_problem(root / entry["file"], expected)
+            if problem:
+                raise ValueError(f"{problem}; rerun fineweb.py")
+        return manifest
     if (root / ".fineweb").is_dir() or (root / ".fineweb_incomplete").exists():
         raise ValueError(f"{root} is unfinished: rerun the same fineweb.py command to finish it")
     found = [(p, s) for s in ("val", "train") for p in sorted(root.glob(f"*_{s}_*.npy"))]
@@ -471,7 +887,7 @@ def load_corpus(data_root):
         "vocab": None,
         "dataset": None,
         "shards": [
-            {"file": p.name, "split": s, "tokens": len(np.load(p, mmap_mode="r")), "sha256": None}
+            {"file": p.name, "split": s, "tokens": nanogpt_tokens(p), "sha256": None}
             for p, s in found
         ],
         "fingerprint": hashlib.sha256(
@@ -521,21 +937,19 @@ def parse_args(argv):
     return args
 
 
-# A stop signal ends the run as Ctrl-C does, by a KeyboardInterrupt, but
-# never inside the pool's code or tqdm's: raised there, it can leave one
-# of their locks taken, and the pool then waits for good. While held, a
-# signal waits for check() or the hold's end.
-class StopSignals:
+# A stop signal's request. Its handler only records it (an exception raised inside the pool's
+# code could leave the pool broken): the main loop looks at it between results, and the run
+# then ends as Ctrl-C ends it, by a KeyboardInterrupt. Inside at_once() (a download: nothing of
+# the pool's in flight) it ends the run at once.
+class Stop:
     def __init__(self):
         self.name = None  # the signal that asked
-        self.holding = False
+        self.immediate = False
 
     def handle(self, signum, frame):
-        # a second signal must not cut the clean-up short
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, signal.SIG_IGN)
         self.name = signal.Signals(signum).name
-        if not self.holding:
+        if self.immediate:
+            self.immediate = False
             raise KeyboardInterrupt(self.name)
 
     def check(self):
@@ -543,43 +957,36 @@ class StopSignals:
             raise KeyboardInterrupt(self.name)
 
     @contextlib.contextmanager
-    def held(self):
-        self.holding = True
+    def at_once(self):
+        self.check()
+        self.immediate = True
         try:
             yield
         finally:
-            self.holding = False
-        self.check()
+            self.immediate = False
 
 
-# path's documents into target's shards, by a pool of workers, in order.
-# Called held: the pool starts, works and is gone (its objects freed)
-# within the hold. At the end, or on a stop or an error, its feed ends,
-# and its workers finish what they hold and exit: none is killed, as one
-# killed holding a lock would leave the pool waiting for good.
-def tokenize_file(path, target, index, settings, workers, desc, stop):
+# path's documents into target's shards, by the pool's workers, in order
+def tokenize_file(pool, path, target, index, settings, workers, desc, stop):
     from tqdm import tqdm
 
-    ending = threading.Event()
-    docs = read_documents(path, settings["text_field"])
-    docs = itertools.takewhile(lambda doc: not ending.is_set(), docs)
-    encode = functools.partial(encode_document, settings["vocab"])
-    # on Linux fork, for prctl's tie to us
-    context = multiprocessing.get_context("fork" if sys.platform == "linux" else None)
-    with context.Pool(workers, init_worker, (os.getpid(),)) as pool:
-        try:
-            stream = pool.imap(encode, docs, chunksize=16)
-            stream = tqdm(stream, desc=desc, unit="doc", disable=None)
-            return write_shards(target, index, stream, settings, stop)
-        finally:
-            ending.set()
-            pool.close()
-            pool.join()
+    text_field = settings["text_field"]
+    jobs = (job + (text_field, settings["vocab"]) for job in plan_slices(path, text_field))
+    results = in_order(pool, encode_slice, jobs, SLICES_AHEAD * workers, stop)
+    with tqdm(desc=desc, unit="tok", unit_scale=True, disable=None) as progress:
+        return write_shards(target, index, counted(results, progress), settings)
+
+
+# the results, each one's tokens counted on the progress bar
+def counted(results, progress):
+    for tokens, lengths in results:
+        progress.update(len(tokens))
+        yield tokens, lengths
 
 
 # tokenise each file not done yet into target, then write its
 # done-record; last, the manifest
-def build(args, target, settings, stop):
+def build(pool, args, target, settings, stop):
     from huggingface_hub import hf_hub_download
 
     (target / ".fineweb").mkdir(parents=True, exist_ok=True)
@@ -587,24 +994,21 @@ def build(args, target, settings, stop):
         record_file = target / ".fineweb" / f"{index:04d}.done.json"
         if record_file.exists():
             continue
-        # a hub file: downloaded, or found in the cache or download_dir (offline)
-        path = (
-            source
-            if args.local
-            else hf_hub_download(
-                args.repo, source, repo_type="dataset", local_dir=args.download_dir
-            )
-        )
-        stat = os.stat(path)
+        # a hub file: downloaded, or found in the cache or download_dir (offline); a stop
+        # signal during the download ends it at once
+        path = source
+        if not args.local:
+            with stop.at_once():
+                path = hf_hub_download(
+                    args.repo, source, repo_type="dataset", local_dir=args.download_dir
+                )
+        info = os.stat(path)
         desc = f"{index + 1}/{len(settings['sources'])} {Path(source).name}"
-        # a stop signal during the download ends it at once; from here on,
-        # it waits for the next document
-        with stop.held():
-            shards = tokenize_file(path, target, index, settings, args.workers, desc, stop)
+        shards = tokenize_file(pool, path, target, index, settings, args.workers, desc, stop)
         record = {
             "source": source,
-            "size": stat.st_size,
-            "mtime_ns": None if args.local is None else stat.st_mtime_ns,
+            "size": info.st_size,
+            "mtime_ns": None if args.local is None else info.st_mtime_ns,
             "settings": settings,
             "shards": shards,
         }
@@ -618,20 +1022,34 @@ def build(args, target, settings, stop):
 
 
 # the sources and settings, then under out_dir's lock: finish a swap
-# cut short, refuse what the settings would not make, build, swap in;
-# state tells main where the files go and how many there are
-def run(args, state, stop):
-    sources = (
-        check_local(args.local)
-        if args.local
-        else hub_files(args.repo, args.files, args.download_dir)
+# cut short, refuse what the settings would not make, check what is
+# done, build, swap in; state tells main where the files go and how many there are
+def run(args, pool, state, stop):
+    out_dir = Path(
+        args.out_dir or (f"data/{Path(args.local[0]).stem}" if args.local else "edu_fineweb10B")
     )
+    # a manifest.json fineweb.py did not write (it writes .fineweb/ first) is the user's
+    if (out_dir / MANIFEST).exists() and not (out_dir / ".fineweb").is_dir():
+        raise CorpusError(
+            f"{out_dir} holds files that are not fineweb.py's ({MANIFEST}); pick another --out_dir"
+        )
+    if args.local:
+        sources = check_local(args.local)
+    else:
+        with stop.at_once():
+            sources = hub_files(args.repo, args.files, args.download_dir)
     state["files"] = len(sources)
+    # GPT-2's tokenizer is built here, before the first job starts the workers: they share it
+    if args.tokenizer == "gpt2":
+        get_tokenizer()
+    vocab = None
+    if args.tokenizer == "char":
+        vocab = char_vocab(pool, sources, args.text_field, args.workers, stop)
     # the dataset recorded: FineWeb-Edu, another repo's id, or local
     name = "fineweb-edu" if args.repo == "HuggingFaceFW/fineweb-edu" else args.repo
     settings = {
         "tokenizer": args.tokenizer,
-        "vocab": char_vocab(sources, args.text_field) if args.tokenizer == "char" else None,
+        "vocab": vocab,
         "dataset": args.dataset_name or ("local" if args.local else name),
         "repo": None if args.local else args.repo,
         "prefix": args.prefix,
@@ -639,9 +1057,6 @@ def run(args, state, stop):
         "text_field": args.text_field,
         "sources": sources,
     }
-    out_dir = Path(
-        args.out_dir or (f"data/{Path(args.local[0]).stem}" if args.local else "edu_fineweb10B")
-    )
     staging = out_dir / ".fineweb" / "staging"
     staging.parent.mkdir(parents=True, exist_ok=True)
     with open(out_dir / ".lock", "a") as lock:
@@ -659,14 +1074,16 @@ def run(args, state, stop):
             raise CorpusError(f"{problem}; use --overwrite to rebuild, or another --out_dir")
         if problem:  # an earlier --overwrite's, with other settings
             shutil.rmtree(staging)
+        if state["target"].is_dir():
+            repair(pool, state["target"], settings, args.workers, stop)
         done = (out_dir / MANIFEST).is_file() and not args.overwrite
         if not done:
-            build(args, state["target"], settings, stop)
+            build(pool, args, state["target"], settings, stop)
         if args.overwrite:
             swap_in(out_dir, staging)
     manifest = json.loads((out_dir / MANIFEST).read_text())
     print(
-        f"{out_dir}: {'finished already, nothing to do' if done else 'done'} "
+        f"{out_dir}: {'finished already, its shards verified' if done else 'done'} "
         f"({manifest['tokens']:,} tokens, {len(manifest['shards'])} shards)"
     )
     return manifest
@@ -678,25 +1095,47 @@ def main(argv=None):
     state = {"target": None, "files": 0}
     # a stop signal ignored at start (as nohup's SIGHUP) stays ignored;
     # the old handlers come back after
-    stop = StopSignals()
+    stop = Stop()
     old = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     for sig in [sig for sig in STOP_SIGNALS if old[sig] != signal.SIG_IGN]:
         signal.signal(sig, stop.handle)
+    # on Linux fork, for prctl's tie to us; processes start at the first job
+    context = multiprocessing.get_context("fork" if sys.platform == "linux" else None)
+    pool = concurrent.futures.ProcessPoolExecutor(
+        args.workers, context, initializer=init_worker, initargs=(os.getpid(),)
+    )
     try:
-        return run(args, state, stop)
+        return run(args, pool, state, stop)
     except KeyboardInterrupt as e:
-        done = len(read_records(state["target"])) if state["target"] else 0
         sys.exit(
-            f"fineweb.py: stopped ({e}); {done} of {state['files']} files done and kept; "
-            "run the same command to continue"
+            f"fineweb.py: stopped ({e}); {files_done(state)}; run the same command to continue"
+        )
+    except concurrent.futures.process.BrokenProcessPool:
+        # a SIGTERM to the process group ends the workers too: that is a stop
+        if stop.name:
+            sys.exit(
+                f"fineweb.py: stopped ({stop.name}); {files_done(state)}; "
+                "run the same command to continue"
+            )
+        sys.exit(
+            "fineweb.py: error: a worker died (killed, or out of memory?); "
+            f"{files_done(state)}: run the same command to continue"
         )
     except Exception as e:
         # an OSError names its file (write_atomic's, a full disk's)
         reason = e if isinstance(e, (CorpusError, OSError)) else f"{type(e).__name__}: {e}"
         sys.exit(f"fineweb.py: error: {str(reason).splitlines()[0]}")
     finally:
+        # what is queued is dropped; what the workers hold they finish (a slice each)
+        pool.shutdown(cancel_futures=True)
         for sig in STOP_SIGNALS:
             signal.signal(sig, old[sig])
+
+
+# "N of M files done and kept", for the line a stopped or failed run ends with
+def files_done(state):
+    done = len(read_records(state["target"])[0]) if state["target"] else 0
+    return f"{done} of {state['files']} files done and kept"
 
 
 if __name__ == "__main__":

@@ -203,6 +203,20 @@ def descendants(pid):
     return found
 
 
+def group_left(leader):
+    """The live processes (zombies aside) of the process group that leader leads: its workers
+    keep the group after the leader dies, so this finds them when descendants() cannot."""
+    left = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # a process that ended meanwhile
+        if fields[2] == str(leader) and fields[0] != "Z":
+            left.append(int(stat.parent.name))
+    return left
+
+
 def stop_group(proc, grace=20):
     """SIGTERM to proc's process group, then SIGKILL to it and every process below it."""
     try:

@@ -1,5 +1,6 @@
-"""fineweb.py: readers, tokenizers, shards and manifest, continuing, --overwrite,
-the hub offline, signals, and the one-line errors of the command line."""
+"""fineweb.py: slices and readers, tokenizers, shards and manifest at any --workers, reruns that
+continue and repair, --overwrite, the hub offline, stop signals and dead workers, and the one-line
+errors (in this process through fineweb.main; as a real process where the process is the point)."""
 
 import errno
 import fcntl
@@ -8,7 +9,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -17,12 +17,22 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import (
+    PATIENCE,
+    ROOT,
+    child_env,
+    default_signals,
+    descendants,
+    finish,
+    group_left,
+    main_error,
+    one_line_error,
+    run_program,
+    start,
+    wait_for,
+)
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-import fineweb  # noqa: E402
+import fineweb
 
 EOT = 50256
 WORDS = (
@@ -53,12 +63,14 @@ def write_jsonl(path, docs):
     return path
 
 
-def write_parquet(path, docs, field="text"):
-    pq.write_table(pa.table({field: docs, "id": list(range(len(docs)))}), path)
+def write_parquet(path, docs, field="text", row_group_size=None):
+    table = pa.table({field: docs, "id": list(range(len(docs)))})
+    pq.write_table(table, path, row_group_size=row_group_size)
     return path
 
 
 def gpt2_stream(docs):
+    """tiktoken per document, <|endoftext|> before each, concatenated: a file's tokens."""
     enc = fineweb.get_tokenizer()
     ids = [t for d in docs for t in [EOT] + enc.encode_ordinary(d)]
     return np.array(ids, dtype=np.uint16)
@@ -85,73 +97,19 @@ def run_main(*args):
     return fineweb.main([str(a) for a in args])
 
 
-def refused(*args):
-    """The one-line message of an in-process fineweb.main that stops."""
-    with pytest.raises(SystemExit) as exc:
-        run_main(*args)
-    assert isinstance(exc.value.code, str) and "\n" not in exc.value.code
-    return exc.value.code
+def hub_env(tmp_path):
+    """A real process's environment, offline, its hub cache in tmp_path."""
+    return child_env(HF_HOME=str(tmp_path / "hf"), HF_HUB_CACHE=str(tmp_path / "hf" / "hub"))
 
 
-def child_env(tmp_path):
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
-    env.update(HF_HOME=str(tmp_path / "hf"), HF_HUB_CACHE=str(tmp_path / "hf" / "hub"))
-    env.pop("HF_ENDPOINT", None)
-    return env
-
-
-def cli(tmp_path, *args, timeout=120):
-    """fineweb.py as a real process (offline, its caches in tmp_path)."""
-    command = [sys.executable, "fineweb.py", *map(str, args)]
-    return subprocess.run(
-        command,
-        cwd=ROOT,
-        env=child_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def default_signals():
-    # what a shell gives a command it starts (pytest-xdist ignores SIGINT)
-    for sig in fineweb.STOP_SIGNALS:
-        signal.signal(sig, signal.SIG_DFL)
-
-
-def start(tmp_path, *args, program=("fineweb.py",), preexec_fn=default_signals, **popen):
-    """fineweb.py (or python's other program) started as a real process, as a shell starts it."""
-    command = [sys.executable, *program, *map(str, args)]
-    return subprocess.Popen(
-        command,
-        cwd=ROOT,
-        env=child_env(tmp_path),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=preexec_fn,
-        **popen,
-    )
-
-
-def wait_for(path, proc, timeout=60):
-    deadline = time.monotonic() + timeout
-    while not Path(path).exists():
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, f"no {path} after {timeout} s"
-        time.sleep(0.01)
-
-
-def one_line_error(proc, message):
-    """The process failed with exactly one line on stderr, containing message."""
-    assert proc.returncode not in (0, None), proc.stdout
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], proc.stderr
-    assert "Traceback" not in proc.stderr
+@pytest.fixture
+def small_slices(monkeypatch):
+    """Slices of a few hundred bytes: every file is read by many workers' jobs."""
+    monkeypatch.setattr(fineweb, "SLICE_BYTES", 300)
 
 
 # -----------------------------------------------------------------------------
-# Documents
+# Documents and slices
 
 
 def test_txt_documents_are_separated_by_two_blank_lines(tmp_path):
@@ -167,6 +125,55 @@ def test_txt_documents_are_separated_by_two_blank_lines(tmp_path):
         "second doc",
         "third doc",
     ]
+
+
+def reference_txt(path):
+    """The .txt rule read line by line as a text file reads (universal newlines, a BOM dropped):
+    a line of text after two blank ones starts a document."""
+    docs = []
+    lines = []
+    with open(path, encoding="utf-8-sig") as f:
+        for line in f:
+            if line.strip() and len(lines) > 1 and not "".join(lines[-2:]).strip():
+                docs.append("".join(lines).strip())
+                lines = []
+            lines.append(line)
+    docs.append("".join(lines).strip())
+    return [d for d in docs if d]
+
+
+def random_txt(path, seed):
+    """Lines of text, blank lines of all kinds, every line end, a BOM: the rule's corners."""
+    rng = np.random.default_rng(seed)
+    pieces = ["word and word", "é 日本 🤖", "", " ", "\t", "\u00a0", "\x0c", "\u3000 x"]
+    ends = ["\n", "\r\n", "\r"]
+    text = "\ufeff" if seed % 2 else ""
+    for _ in range(600):
+        text += pieces[rng.integers(len(pieces))] + ends[rng.integers(len(ends))]
+    path.write_bytes(text.encode())
+    return path
+
+
+@pytest.mark.parametrize("slice_bytes", [40, 300, 2**20])
+def test_slices_read_the_documents_of_the_whole_file(tmp_path, monkeypatch, slice_bytes):
+    monkeypatch.setattr(fineweb, "SLICE_BYTES", slice_bytes)
+    for seed in range(4):
+        path = random_txt(tmp_path / f"{seed}.txt", seed)
+        assert list(fineweb.read_documents(path)) == reference_txt(path)
+    docs = make_docs(60, 1) + ["", " \n ", "last"]
+    jsonl = write_jsonl(tmp_path / "d.jsonl", docs)
+    assert list(fineweb.read_documents(jsonl)) == [d for d in docs if d.strip()]
+    # rows: groups of 7 rows, and one group of many slices' bytes cut into row ranges
+    parquet = write_parquet(tmp_path / "d.parquet", docs + [None] * 3, row_group_size=7)
+    big = write_parquet(tmp_path / "big.parquet", docs * 5)
+    assert list(fineweb.read_documents(parquet)) == [d for d in docs if d.strip()]
+    assert list(fineweb.read_documents(big)) == [d for d in docs if d.strip()] * 5
+    # the slices tile each file: bytes or rows, in order, none empty
+    for path, end in [(jsonl, jsonl.stat().st_size), (big, len(docs) * 5)]:
+        slices = list(fineweb.plan_slices(path, "text"))
+        assert [s[1] for s in slices] == [0] + [s[2] for s in slices[:-1]]
+        assert slices[-1][2] == end and all(s[1] < s[2] for s in slices)
+        assert len(slices) > 1 or slice_bytes == 2**20
 
 
 def test_input_txt_holds_one_document_per_play():
@@ -186,23 +193,27 @@ def test_jsonl_and_parquet_read_their_text_field(tmp_path):
     assert docs == ["three", "four"] * 700  # across record batches of 1024 rows
 
 
+GOOD = "".join(json.dumps({"text": f"line {i}"}) + "\n" for i in range(30))
+
+# (file, its content, more flags, the one line's text); files are read in slices of 300 bytes,
+# so line 31 and line 12 lie in a later slice than the first
 BAD_INPUTS = [
     ("missing.txt", None, [], "missing.txt: no such .txt, .jsonl or .parquet file"),
     ("c.csv", "text\n", [], "c.csv: no such .txt, .jsonl or .parquet file"),
-    ("c.jsonl", '{"text": "ok"}\n{"text": "cut\n', [], "c.jsonl:2: not a JSON object"),
+    ("c.jsonl", GOOD + '{"text": "cut\n', [], "c.jsonl:31: not a JSON object"),
     ("c.jsonl", '{"body": "x"}\n', [], "c.jsonl:1: not a JSON object with a 'text' field"),
     ("c.parquet", "parquet", ["--text_field", "body"], "no column 'body' (columns: text, id)"),
     ("c.parquet", b"PAR1 not really", [], "c.parquet: ArrowInvalid:"),
-    ("c.txt", b"ok\n\xff\xfe\n", [], "c.txt: UnicodeDecodeError:"),
+    ("c.txt", b"ok\n" * 11 + b"\xff\xfe\n", [], "c.txt:12: not UTF-8 (byte 0xff at offset 33)"),
     ("c.txt", "\n \n\n", [], "the first file holds no documents"),
-    ("c.txt", "text", ["--shard_size", "0"], "--shard_size and --workers must be positive"),
-    ("c.txt", "text", ["--workers", "two"], "argument --workers: invalid int value"),
-    ("c.txt", "text", ["--out", "x"], "unrecognized arguments: --out"),
+    ("c.txt", "text", ["--out_dir", "mine"], "holds files that are not fineweb.py's"),
 ]
 
 
-@pytest.mark.parametrize("name, content, extra, message", BAD_INPUTS)
-def test_bad_input_is_one_line_on_stderr(tmp_path, name, content, extra, message):
+@pytest.mark.parametrize(
+    "name, content, extra, message", BAD_INPUTS, ids=[c[3] for c in BAD_INPUTS]
+)
+def test_bad_input_is_one_line(tmp_path, small_slices, name, content, extra, message):
     path = tmp_path / name
     if content == "parquet":
         write_parquet(path, ["x"])
@@ -210,16 +221,31 @@ def test_bad_input_is_one_line_on_stderr(tmp_path, name, content, extra, message
         path.write_bytes(content)
     elif content is not None:
         path.write_text(content)
+    # a directory of the user's, with a manifest.json of theirs
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "manifest.json").write_text('{"mine": true}')
     out = tmp_path / "out"
-    proc = cli(tmp_path, "--local", path, "--out_dir", out, "--workers", 1, *extra)
-    one_line_error(proc, message)
+    extra = [str(tmp_path / a) if a == "mine" else a for a in extra]
+    line = main_error(fineweb.main, ["--local", path, "--out_dir", out, "--workers", 2, *extra])
+    assert line.startswith("fineweb.py: error: ") and "\n" not in line and message in line
     assert not list(out.glob("*.npy")) and not (out / "manifest.json").exists()
+    assert files_of(tmp_path / "mine") == {"manifest.json": b'{"mine": true}'}
 
 
-def test_char_tokenizer_needs_local_files(tmp_path):
-    proc = cli(tmp_path, "--tokenizer", "char", "--out_dir", tmp_path / "out")
-    one_line_error(proc, "--tokenizer char needs --local files")
-    assert proc.returncode == 2 and not (tmp_path / "out").exists()
+def test_the_command_lines_errors_are_one_line_on_stderr(tmp_path):
+    bad = tmp_path / "c.jsonl"
+    bad.write_text(GOOD * 2000 + "{\n")  # line 60,001, in a later slice than the first
+    cases = [
+        (["--local", bad, "--out_dir", tmp_path / "out"], "c.jsonl:60001: not a JSON object"),
+        (["--local", bad, "--shard_size", 0], "--shard_size and --workers must be positive"),
+        (["--local", bad, "--workers", "two"], "argument --workers: invalid int value"),
+        (["--local", bad, "--out", "x"], "unrecognized arguments: --out"),
+        (["--tokenizer", "char"], "--tokenizer char needs --local files"),
+    ]
+    for args, message in cases:
+        proc = run_program("fineweb.py", args)
+        one_line_error(proc.returncode, proc.stderr, "fineweb.py", message)
+    assert not list((tmp_path / "out").glob("*.npy"))
 
 
 # -----------------------------------------------------------------------------
@@ -274,29 +300,43 @@ def test_token_byte_lengths():
 # Shards, manifest, the val split
 
 
-def test_each_file_is_cut_into_its_own_shards(tmp_path, capsys):
+def test_shards_are_the_same_at_any_workers_and_those_of_the_reference(tmp_path, small_slices):
+    # three kinds of files, each read in many slices; documents span shards of 700 tokens
     docs = [make_docs(40, seed) for seed in range(3)]
     inputs = [
         write_txt(tmp_path / "a.txt", docs[0]),
         write_jsonl(tmp_path / "b.jsonl", docs[1]),
-        write_parquet(tmp_path / "c.parquet", docs[2]),
+        write_parquet(tmp_path / "c.parquet", docs[2], row_group_size=3),
     ]
-    out = tmp_path / "out"
-    manifest = run_main("--local", *inputs, "--out_dir", out, "--shard_size", 500, "--workers", 2)
-    assert manifest == fineweb.load_corpus(out)
+    corpora = []
+    for workers in (1, 2, 3):
+        out = tmp_path / f"out{workers}"
+        manifest = run_main(
+            "--local", *inputs, "--out_dir", out, "--shard_size", 700, "--workers", workers
+        )
+        assert manifest == fineweb.load_corpus(out)
+        corpora.append(files_of(out))
+    assert corpora[0] == corpora[1] == corpora[2]
+    # each file on its own: tiktoken per document, concatenated, cut every 700 tokens
     shards = manifest["shards"]
-    assert shards[0]["file"] == "edufineweb_val_0000_0000.npy" and shards[0]["split"] == "val"
-    assert all(s["split"] == "train" for s in shards[1:])
     for index, file_docs in enumerate(docs):
+        stream = gpt2_stream(file_docs)
+        assert len(stream) > 700
         mine = [s for s in shards if s["file"].split("_")[2] == f"{index:04d}"]
-        names = [s["file"].split("_", 2)[2] for s in mine]
-        assert names == [f"{index:04d}_{part:04d}.npy" for part in range(len(mine))]
-        assert all(s["tokens"] == 500 for s in mine[:-1]) and 0 < mine[-1]["tokens"] <= 500
-        ids = np.concatenate([np.load(out / s["file"]) for s in mine])
-        assert np.array_equal(ids, gpt2_stream(file_docs))  # <|endoftext|> + each document
+        assert [s["file"].split("_", 1)[1] for s in mine] == [
+            f"{'val' if index == part == 0 else 'train'}_{index:04d}_{part:04d}.npy"
+            for part in range(-(-len(stream) // 700))
+        ]
+        for part, shard in enumerate(mine):
+            tokens = np.load(out / shard["file"])
+            assert np.array_equal(tokens, stream[part * 700 : (part + 1) * 700])
+            assert shard["tokens"] == len(tokens) and shard["split"] == (
+                "val" if index == part == 0 else "train"
+            )
     lines = []
     for s in shards:
         assert s["sha256"] == hashlib.sha256((out / s["file"]).read_bytes()).hexdigest()
+        assert s["bytes"] == (out / s["file"]).stat().st_size
         lines.append(f"{s['file']} {s['tokens']} {s['sha256']}")
     assert manifest["fingerprint"] == hashlib.sha256("\n".join(lines).encode()).hexdigest()
     assert (manifest["tokenizer"], manifest["vocab"], manifest["dataset"]) == (
@@ -309,8 +349,7 @@ def test_each_file_is_cut_into_its_own_shards(tmp_path, capsys):
     assert [r.name for r in records] == ["0000.done.json", "0001.done.json", "0002.done.json"]
     record = json.loads(records[1].read_text())
     assert record["source"] == str(inputs[1]) and record["size"] == inputs[1].stat().st_size
-    assert record["settings"]["shard_size"] == 500
-    assert "done (" in capsys.readouterr().out
+    assert record["settings"]["shard_size"] == 700
 
 
 def test_input_txt_val_is_the_first_play(tmp_path):
@@ -323,7 +362,7 @@ def test_input_txt_val_is_the_first_play(tmp_path):
     val = np.load(tmp_path / "gpt2" / manifest["shards"][0]["file"])
     assert np.array_equal(val, gpt2_stream(plays[:1]))  # ends where the first play ends
     assert 0.05 <= len(val) / manifest["tokens"] <= 0.2
-    # the bytes of the earlier fineweb.py: the same np.save of the same tokens
+    # the bytes of the earlier fineweb.py (one process reading, a pool encoding documents)
     digests = [s["sha256"][:16] for s in manifest["shards"]]
     assert digests == ["7a756ad351abc096", "955c2300c3dd94ba"]
     out = tmp_path / "char"
@@ -346,11 +385,11 @@ def test_small_val_size_rule():
     assert fineweb.small_val_size(3, [0, 1]) == 1
 
 
-def test_first_file_of_one_shard_is_split_and_others_are_train(tmp_path):
+def test_first_file_of_one_shard_is_split_and_others_are_train(tmp_path, small_slices):
     first = make_docs(30, 1)
     second = make_docs(30, 2)
     inputs = [write_jsonl(tmp_path / "a.jsonl", first), write_jsonl(tmp_path / "b.jsonl", second)]
-    manifest = run_main("--local", *inputs, "--out_dir", tmp_path / "out", "--workers", 1)
+    manifest = run_main("--local", *inputs, "--out_dir", tmp_path / "out", "--workers", 2)
     assert [s["split"] for s in manifest["shards"]] == ["val", "train", "train"]
     val = manifest["shards"][0]["tokens"]
     lengths = [len(gpt2_stream([d])) for d in first]
@@ -358,7 +397,7 @@ def test_first_file_of_one_shard_is_split_and_others_are_train(tmp_path):
     assert 0.05 <= val / sum(lengths) <= 0.2
 
 
-def test_char_vocabulary_of_all_files_and_its_limit(tmp_path):
+def test_char_vocabulary_of_all_files_and_its_limit(tmp_path, small_slices):
     a = write_txt(tmp_path / "a.txt", ["héllo wörld", "zz top"])
     b = write_jsonl(tmp_path / "b.jsonl", ["日本 語", "ok\tok"])
     manifest = run_main("--local", a, b, "--tokenizer", "char", "--out_dir", tmp_path / "out")
@@ -368,12 +407,112 @@ def test_char_vocabulary_of_all_files_and_its_limit(tmp_path):
     assert text == "héllo wörld\n\nzz top\n\n日本 語\n\nok\tok\n\n"
     many = tmp_path / "many.txt"
     many.write_text("".join(chr(c) for c in range(0x20000, 0x20000 + 70_000)))
-    message = refused("--local", many, "--tokenizer", "char", "--out_dir", tmp_path / "x")
-    assert "distinct characters, more than the 65,536 ids" in message
+    args = ["--local", many, "--tokenizer", "char", "--out_dir", tmp_path / "x"]
+    assert "distinct characters, more than the 65,536 ids" in main_error(fineweb.main, args)
     assert not (tmp_path / "x").exists()
 
 
-def test_load_corpus(tmp_path):
+def test_verify_shard(tmp_path):
+    tokens = np.arange(0, 50257, 7, dtype=np.uint16)
+    path = tmp_path / "s.npy"
+    np.save(path, tokens)
+    entry = {"tokens": len(tokens), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+    assert fineweb.verify_shard(path, entry, 50257) is None
+    assert "holds token id 50253, not below the vocabulary's 50000" in fineweb.verify_shard(
+        path, {**entry, "sha256": None}, 50000
+    )
+    assert "holds 7,180 tokens, not the 7,181 recorded" in fineweb.verify_shard(
+        path, {**entry, "tokens": 7181}, 50257
+    )
+    data = path.read_bytes()
+    path.write_bytes(data[:-1] + b"\x01")  # the same size
+    assert fineweb.verify_shard(path, entry, 50257) == (
+        f"{path} changed since fineweb.py wrote it (its sha256 differs)"
+    )
+    path.write_bytes(data[:-2])
+    assert fineweb.verify_shard(path, entry, 50257) == (
+        f"{path} changed since fineweb.py wrote it (14,486 bytes, expected 14,488)"
+    )
+    np.save(path, tokens.astype(np.float32))
+    assert "float32 array" in fineweb.verify_shard(path, entry, 50257)
+    path.unlink()
+    assert fineweb.verify_shard(path, entry, 50257) == f"{path} is missing"
+    os.mkfifo(path)  # never opened: it would block for good
+    assert fineweb.verify_shard(path, entry, 50257) == f"{path} is not a regular file"
+
+
+def shard_of(root, n):
+    """The n-th shard file the manifest in root lists."""
+    return root / json.loads((root / "manifest.json").read_text())["shards"][n]["file"]
+
+
+def damage(root, how):
+    """root's corpus damaged in one way; returns the file the error must name."""
+    manifest = root / "manifest.json"
+    data = json.loads(manifest.read_text())
+    if how == "truncated manifest":
+        manifest.write_text(manifest.read_text()[:100])
+    elif how == "a list":
+        manifest.write_text("[1, 2]")
+    elif how == "no shards":
+        manifest.write_text(json.dumps({k: v for k, v in data.items() if k != "shards"}))
+    elif how == "tokens as text":
+        data["shards"][1]["tokens"] = "12"
+        manifest.write_text(json.dumps(data))
+    elif how == "a path as a shard":
+        data["shards"][1]["file"] = "../elsewhere.npy"
+        manifest.write_text(json.dumps(data))
+    elif how == "a shard cut short":
+        shard = shard_of(root, 1)
+        shard.write_bytes(shard.read_bytes()[:-2])
+        return shard
+    elif how == "a FIFO shard":
+        shard = shard_of(root, 1)
+        shard.unlink()
+        os.mkfifo(shard)
+        return shard
+    elif how == "a missing shard":
+        shard = shard_of(root, 1)
+        shard.unlink()
+        return shard
+    return manifest
+
+
+# (what is damaged, the one line's text)
+DAMAGED_CORPORA = [
+    ("truncated manifest", "is damaged (JSONDecodeError: "),
+    ("a list", "is damaged (a JSON list, not an object)"),
+    ("no shards", "is damaged (no list of shards)"),
+    ("tokens as text", "is damaged (shard edufineweb_train_0000_0001.npy: its tokens are not"),
+    ("a path as a shard", "is damaged (shard '../elsewhere.npy' is not a .npy file name)"),
+    ("a shard cut short", "changed since fineweb.py wrote it (2,126 bytes, expected 2,128)"),
+    ("a FIFO shard", "is not a regular file; rerun fineweb.py"),
+    ("a missing shard", "is missing; rerun fineweb.py"),
+]
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A finished corpus of shards of 1,000 tokens."""
+    root = tmp_path_factory.mktemp("finished")
+    docs = write_jsonl(root / "docs.jsonl", make_docs(100, 3))
+    run_main("--local", docs, "--out_dir", root / "out", "--shard_size", 1000, "--workers", 1)
+    return root / "out"
+
+
+@pytest.mark.parametrize("how, message", DAMAGED_CORPORA, ids=[c[0] for c in DAMAGED_CORPORA])
+def test_load_corpus_of_a_damaged_corpus_is_one_line(tmp_path, finished, how, message):
+    root = tmp_path / "out"
+    shutil.copytree(finished, root)
+    named = damage(root, how)
+    with pytest.raises(ValueError) as error:
+        fineweb.load_corpus(root)
+    line = str(error.value)
+    assert "\n" not in line and line.startswith(str(named)) and message in line
+    assert "rerun" in line and "fineweb.py" in line
+
+
+def test_load_corpus_of_build_nanogpts_shards(tmp_path):
     with pytest.raises(ValueError, match=f"^no shards in {tmp_path / 'missing'}; run fineweb.py$"):
         fineweb.load_corpus(tmp_path / "missing")
     nano = tmp_path / "nano"
@@ -387,6 +526,13 @@ def test_load_corpus(tmp_path):
     ]
     assert (manifest["tokenizer"], manifest["dataset"]) == ("gpt2", None)
     assert manifest["note"] and len(manifest["fingerprint"]) == 64
+    shard = nano / "edufineweb_train_000001.npy"
+    shard.write_bytes(shard.read_bytes()[:-3])
+    with pytest.raises(ValueError, match=r"is cut short \(165 bytes, expected 168\); make it"):
+        fineweb.load_corpus(nano)
+    shard.write_bytes(b"")
+    with pytest.raises(ValueError, match=f"^{shard} is not a .npy shard .*; make it again"):
+        fineweb.load_corpus(nano)
     (nano / ".fineweb").mkdir()  # fineweb.py's, without its manifest yet
     with pytest.raises(ValueError, match="is unfinished: rerun the same fineweb.py command"):
         fineweb.load_corpus(nano)
@@ -405,7 +551,7 @@ def test_rerun_is_a_no_op_and_other_settings_are_refused(tmp_path, capsys):
     before = files_of(out)
     capsys.readouterr()
     run_main(*args[:-1], 1)  # --workers may differ
-    assert "finished already, nothing to do" in capsys.readouterr().out
+    assert "finished already, its shards verified" in capsys.readouterr().out
     others = [
         ["--shard_size", 300],
         ["--tokenizer", "char"],
@@ -414,18 +560,51 @@ def test_rerun_is_a_no_op_and_other_settings_are_refused(tmp_path, capsys):
         ["--dataset_name", "mine"],
     ]
     for other in others:
-        message = refused("--local", a, b, "--out_dir", out, *other)
+        message = main_error(fineweb.main, ["--local", a, b, "--out_dir", out, *other])
         assert message.startswith(f"fineweb.py: error: {out} holds a corpus made with another")
         assert message.endswith("; use --overwrite to rebuild, or another --out_dir")
-    assert "another sources" in refused("--local", a, "--out_dir", out, "--shard_size", 400)
+    message = main_error(fineweb.main, ["--local", a, "--out_dir", out, "--shard_size", 400])
+    assert "another sources" in message
     assert files_of(out) == before
-    shard = out / "edufineweb_train_0001_0001.npy"
-    shard.write_bytes(shard.read_bytes()[:-2])
-    message = refused(*args)
-    assert f"a shard of {b} in {out} changed on disk; use --overwrite" in message
-    shard.write_bytes(before["edufineweb_train_0001_0001.npy"])
     os.utime(a, ns=(0, 10**18))
-    assert f"{a} changed since it was tokenised; use --overwrite" in refused(*args)
+    assert f"{a} changed since it was tokenised; use --overwrite" in main_error(fineweb.main, args)
+
+
+def test_a_rerun_makes_again_the_files_whose_shards_or_records_changed(tmp_path, capsys):
+    inputs = [write_jsonl(tmp_path / f"{i}.jsonl", make_docs(30, i)) for i in range(3)]
+    out = tmp_path / "out"
+    args = ["--local", *inputs, "--out_dir", out, "--shard_size", 400, "--workers", 2]
+    run_main(*args)
+    before = files_of(out)
+    # a byte of a shard of file 1 changed, the size the same; a shard of file 2 gone
+    changed = out / "edufineweb_train_0001_0002.npy"
+    data = bytearray(changed.read_bytes())
+    data[-1] ^= 1
+    changed.write_bytes(data)
+    (out / "edufineweb_train_0002_0000.npy").unlink()
+    capsys.readouterr()
+    run_main(*args)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:2] == [
+        f"{changed} changed since fineweb.py wrote it (its sha256 differs): "
+        f"tokenising {inputs[1]} again",
+        f"{out / 'edufineweb_train_0002_0000.npy'} is missing: tokenising {inputs[2]} again",
+    ]
+    assert lines[2].startswith("2/3 ") and lines[3].startswith("3/3 ")
+    assert files_of(out) == before
+    # a damaged done-record and manifest: the file and the manifest are made again
+    (out / ".fineweb" / "0000.done.json").write_text('{"source": ')
+    (out / "manifest.json").write_text("[]")
+    with pytest.raises(ValueError, match="manifest.json is damaged"):
+        fineweb.load_corpus(out)
+    run_main(*args)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith(
+        "manifest.json is damaged (a JSON list, not an object); writing it again"
+    )
+    assert "0000.done.json is damaged (JSONDecodeError: " in lines[1]
+    assert lines[2].startswith("1/3 ")
+    assert files_of(out) == before
 
 
 def test_one_run_per_out_dir(tmp_path):
@@ -434,7 +613,7 @@ def test_one_run_per_out_dir(tmp_path):
     out.mkdir()
     with open(out / ".lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        message = refused("--local", a, "--out_dir", out)
+        message = main_error(fineweb.main, ["--local", a, "--out_dir", out])
     assert message == f"fineweb.py: error: another fineweb.py run is writing {out}"
 
 
@@ -487,73 +666,14 @@ def test_overwrite_swap_cut_short_is_completed_by_the_next_run(tmp_path, monkeyp
     new = ["--local", a, "--shard_size", 500, "--workers", 1]
     run_main(*new, "--out_dir", tmp_path / "ref")
     swap_cut_short_after(monkeypatch, renames)
-    assert "stopped (SIGKILL)" in refused(*new, "--out_dir", out, "--overwrite")
+    message = main_error(fineweb.main, [*new, "--out_dir", out, "--overwrite"])
+    assert "stopped (SIGKILL)" in message
     monkeypatch.undo()
     if renames:
         with pytest.raises(ValueError, match="is unfinished"):
             fineweb.load_corpus(out)
     run_main(*new, "--out_dir", out)  # any run on out_dir completes the swap
     assert files_of(out) == {**files_of(tmp_path / "ref"), "notes.txt": b"mine"}
-
-
-# -----------------------------------------------------------------------------
-# Stop signals and workers
-
-
-@pytest.fixture(scope="module")
-def many(tmp_path_factory):
-    """6 files of ~90k tokens each, and the corpus of an uninterrupted run."""
-    d = tmp_path_factory.mktemp("many")
-    inputs = [write_jsonl(d / f"f{i}.jsonl", make_docs(800, i, (80, 120))) for i in range(6)]
-    args = ["--local", *inputs, "--shard_size", 40_000, "--workers", 2]
-    run_main(*args, "--out_dir", d / "ref")
-    return args, d / "ref"
-
-
-@pytest.mark.slow
-def test_sigterm_then_the_same_command_equals_an_uninterrupted_run(tmp_path, many):
-    args, ref = many
-    out = tmp_path / "out"
-    proc = start(tmp_path, *args, "--out_dir", out)
-    wait_for(out / ".fineweb" / "0001.done.json", proc)
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=30)
-    done = len(list((out / ".fineweb").glob("*.done.json")))
-    assert proc.returncode == 1 and 2 <= done < 6
-    assert err.strip().splitlines() == [
-        f"fineweb.py: stopped (SIGTERM); {done} of 6 files done and kept; "
-        "run the same command to continue"
-    ]
-    with pytest.raises(ValueError, match="is unfinished"):
-        fineweb.load_corpus(out)
-    proc = cli(tmp_path, *args[:-1], 1, "--out_dir", out)  # --workers may differ
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines()[0].startswith(f"{done + 1}/6 ")  # the first unfinished file
-    assert files_of(out) == files_of(ref)
-
-
-@pytest.mark.slow
-def test_ctrl_c_to_the_process_group_stops_and_hangup_under_nohup_does_not(tmp_path, many):
-    args, ref = many
-    out = tmp_path / "int"
-    proc = start(tmp_path, *args, "--out_dir", out, start_new_session=True)
-    wait_for(out / ".fineweb" / "0000.done.json", proc)
-    os.killpg(proc.pid, signal.SIGINT)  # the workers get it too, and ignore it
-    _, err = proc.communicate(timeout=30)
-    assert proc.returncode == 1 and err.startswith("fineweb.py: stopped (SIGINT); ")
-    assert len(err.strip().splitlines()) == 1, err
-    out = tmp_path / "hup"
-
-    def nohup():
-        default_signals()
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
-
-    proc = start(tmp_path, *args, "--out_dir", out, start_new_session=True, preexec_fn=nohup)
-    wait_for(out / ".fineweb" / "0000.done.json", proc)
-    os.killpg(proc.pid, signal.SIGHUP)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err
-    assert files_of(out) == files_of(ref)
 
 
 def test_a_failed_overwrite_leaves_the_old_corpus_as_it_was(tmp_path):
@@ -563,128 +683,151 @@ def test_a_failed_overwrite_leaves_the_old_corpus_as_it_was(tmp_path):
     old = files_of(out)
     bad = tmp_path / "b.jsonl"
     bad.write_text('{"text": "fine"}\n{"text": \n')
-    message = refused("--local", a, bad, "--out_dir", out, "--overwrite", "--workers", 1)
-    assert message.startswith(f"fineweb.py: error: {bad}:2: not a JSON object")
+    args = ["--local", a, bad, "--out_dir", out, "--overwrite", "--workers", 1]
+    assert main_error(fineweb.main, args).startswith(
+        f"fineweb.py: error: {bad}:2: not a JSON object"
+    )
     now = {k: v for k, v in files_of(out).items() if not k.startswith(".fineweb/staging/")}
     assert now == old and fineweb.load_corpus(out)["sources"] == [str(a)]
 
 
-@pytest.fixture(scope="module")
-def pair(many):
-    """The first two of many's files, and the corpus of an uninterrupted run."""
-    args, ref = many
-    args = [*args[:3], *args[-4:]]
-    run_main(*args, "--out_dir", ref.parent / "pair")
-    return args, ref.parent / "pair"
+# -----------------------------------------------------------------------------
+# Stop signals and workers
 
 
-# fineweb.main with a SIGTERM raised as the main thread calls the function argv[1] from
-# argv[2] (qualified names in threading or multiprocessing: the pool's code) for the
-# argv[3]-th time, as a signal reaches Python there, after a pause there (as on a busy
-# machine) while the pool's threads go on
-SIGNAL_AT_CALL = """
-import signal, sys, time
-import fineweb
+def signal_at_shard(monkeypatch, n, sig=signal.SIGTERM):
+    """A stop signal to this process as fineweb.py writes its n-th shard (a signal arrives
+    anywhere; the handler only records it)."""
+    real_save = fineweb.save_shard
+    calls = []
 
-calls = []
+    def save(*args):
+        calls.append(args)
+        if len(calls) == n:
+            signal.raise_signal(sig)
+        real_save(*args)
 
-def signal_at(frame, event, arg):
-    names = [frame.f_code.co_qualname, frame.f_back.f_code.co_qualname]
-    pool = any(m in frame.f_code.co_filename for m in ("threading", "multiprocessing"))
-    if event == "call" and pool and names == sys.argv[1:3]:
-        calls.append(names)
-    if len(calls) == int(sys.argv[3]):
-        sys.settrace(None)
-        time.sleep(0.2)
-        signal.raise_signal(signal.SIGTERM)
-
-sys.settrace(signal_at)
-fineweb.main(sys.argv[4:])
-"""
+    monkeypatch.setattr(fineweb, "save_shard", save)
 
 
-def group_left(leader):
-    """The live processes (zombies aside) of the process group that leader leads."""
-    left = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError):
-            continue  # gone meanwhile
-        if fields[2] == str(leader) and fields[0] != "Z":
-            left.append(stat.parent.name)
-    return left
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc")
-@pytest.mark.parametrize(
-    "call",
-    [
-        "Pool._repopulate_pool Pool.__init__ 1",  # the pool starting its workers
-        "IMapIterator.__init__ Pool.imap 1",  # a file's documents fed to it
-        "Condition.wait IMapIterator.next 1",  # waiting for a document's tokens
-        "Condition.__exit__ IMapIterator.next 1",  # got them: a run stopped here hung
-        "Pool._terminate_pool Finalize.__call__ 1",  # the pool ended
-    ],
-)
-def test_a_stop_signal_inside_the_pools_code_stops_the_run(tmp_path, pair, call):
-    args, ref = pair
+def test_a_stop_ends_the_run_between_slices_and_the_same_command_continues(
+    tmp_path, monkeypatch, small_slices
+):
+    inputs = [write_jsonl(tmp_path / f"{i}.jsonl", make_docs(40, i)) for i in range(3)]
+    args = ["--local", *inputs, "--shard_size", 500, "--workers", 2]
+    ref = tmp_path / "ref"
+    run_main(*args, "--out_dir", ref)
+    whole = files_of(ref)
     out = tmp_path / "out"
-    program = ("-c", SIGNAL_AT_CALL, *call.split())
-    proc = start(tmp_path, *args, "--out_dir", out, program=program, start_new_session=True)
-    try:
-        _, err = proc.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        pytest.fail(f"fineweb.py went on for 60 s after a SIGTERM at the call of {call}")
-    assert proc.returncode == 1 and err.startswith("fineweb.py: stopped (SIGTERM); "), err
-    assert len(err.strip().splitlines()) == 1, err
-    assert not group_left(proc.pid)  # no worker outlives it
-    proc = cli(tmp_path, *args, "--out_dir", out)
-    assert proc.returncode == 0, proc.stderr
-    assert files_of(out) == files_of(ref)
+    signal_at_shard(monkeypatch, 5)  # inside file 1
+    message = main_error(fineweb.main, [*args, "--out_dir", out])
+    assert message == (
+        "fineweb.py: stopped (SIGTERM); 1 of 3 files done and kept; "
+        "run the same command to continue"
+    )
+    with pytest.raises(ValueError, match="is unfinished"):
+        fineweb.load_corpus(out)
+    # a stopped --overwrite leaves the old corpus as it was
+    signal_at_shard(monkeypatch, 3, signal.SIGUSR1)
+    message = main_error(fineweb.main, [*args, "--out_dir", ref, "--overwrite"])
+    assert message.startswith("fineweb.py: stopped (SIGUSR1); 0 of 3 files done and kept")
+    monkeypatch.undo()
+    kept = {k: v for k, v in files_of(ref).items() if not k.startswith(".fineweb/staging/")}
+    assert kept == whole
+    run_main(*args, "--out_dir", out)
+    assert files_of(out) == whole
+
+
+@pytest.fixture(scope="module")
+def many(tmp_path_factory):
+    """6 files of ~2.5 MB (several slices each), and the corpus of an uninterrupted run."""
+    d = tmp_path_factory.mktemp("many")
+    inputs = [write_jsonl(d / f"f{i}.jsonl", make_docs(4000, i, (80, 120))) for i in range(6)]
+    args = ["--local", *inputs, "--shard_size", 200_000, "--workers", 2]
+    run_main(*args, "--out_dir", d / "ref")
+    return args, d / "ref"
+
+
+def start_fineweb(args, **popen):
+    """fineweb.py as a real process, in a process group of its own (with its workers)."""
+    return start("fineweb.py", args, start_new_session=True, **popen)
+
+
+def mid_file(out, proc, index=1):
+    """Wait until file `index` has its first shard: the run is most likely inside it."""
+    wait_for(lambda: list(out.glob(f"*_{index:04d}_0000.npy")), proc)
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc")
-def test_a_schedulers_sigterm_to_the_process_group_stops_the_run(tmp_path, many):
+def test_sigterm_to_the_process_group_then_the_same_command_equals_a_whole_run(tmp_path, many):
     # the workers get it too (as from Slurm or systemd), and leave it to the parent
     args, ref = many
     out = tmp_path / "out"
-    proc = start(tmp_path, *args, "--out_dir", out, start_new_session=True)
-    wait_for(out / ".fineweb" / "0000.done.json", proc)
-    deadline = time.monotonic() + 30
-    while not list(out.glob("*_train_0001_*.npy")) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    os.killpg(proc.pid, signal.SIGTERM)  # mid-file
-    _, err = proc.communicate(timeout=30)
-    assert proc.returncode == 1 and err.startswith("fineweb.py: stopped (SIGTERM); "), err
-    assert len(err.strip().splitlines()) == 1, err
-    assert not group_left(proc.pid)
-    proc = cli(tmp_path, *args, "--out_dir", out)
+    proc = start_fineweb([*args, "--out_dir", out])
+    mid_file(out, proc)
+    workers = descendants(proc.pid)
+    os.killpg(proc.pid, signal.SIGTERM)
+    returncode, _, err = finish(proc)
+    done = len(list((out / ".fineweb").glob("*.done.json")))
+    assert returncode == 1 and 1 <= done < 6
+    assert err.strip().splitlines() == [
+        f"fineweb.py: stopped (SIGTERM); {done} of 6 files done and kept; "
+        "run the same command to continue"
+    ]
+    assert len(workers) == 2 and not group_left(proc.pid)
+    with pytest.raises(ValueError, match="is unfinished"):
+        fineweb.load_corpus(out)
+    proc = run_program("fineweb.py", [*args[:-1], 1, "--out_dir", out])  # --workers may differ
     assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0].startswith(f"{done + 1}/6 ")  # the first unfinished file
     assert files_of(out) == files_of(ref)
 
 
 @pytest.mark.slow
-def test_a_stopped_overwrite_leaves_the_old_corpus_and_the_same_command_finishes(tmp_path, many):
+def test_ctrl_c_stops_and_a_hangup_under_nohup_does_not(tmp_path, many):
+    args, ref = many
+    out = tmp_path / "int"
+    proc = start_fineweb([*args, "--out_dir", out])
+    mid_file(out, proc)
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole group
+    returncode, _, err = finish(proc)
+    assert returncode == 1 and err.startswith("fineweb.py: stopped (SIGINT); "), err
+    assert len(err.strip().splitlines()) == 1, err
+    run_main(*args, "--out_dir", out)
+    assert files_of(out) == files_of(ref)
+    out = tmp_path / "hup"
+
+    def nohup():
+        default_signals()
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    proc = start_fineweb([*args, "--out_dir", out], preexec_fn=nohup)
+    mid_file(out, proc)
+    os.killpg(proc.pid, signal.SIGHUP)
+    returncode, _, err = finish(proc)
+    assert returncode == 0, err
+    assert files_of(out) == files_of(ref)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc")
+def test_kill_9_of_a_worker_ends_the_run_in_one_line_and_the_same_command_finishes(tmp_path, many):
     args, ref = many
     out = tmp_path / "out"
-    run_main(*args[:2], "--out_dir", out, "--workers", 1)  # the old corpus: one file
-    (out / "notes.txt").write_text("mine")
-    old = files_of(out)
-    proc = start(tmp_path, *args, "--out_dir", out, "--overwrite")
-    wait_for(out / ".fineweb" / "staging" / ".fineweb" / "0001.done.json", proc)
-    proc.send_signal(signal.SIGTERM)
-    outs, err = proc.communicate(timeout=30)
-    assert proc.returncode == 1 and err.startswith("fineweb.py: stopped (SIGTERM); "), err
-    kept = {k: v for k, v in files_of(out).items() if not k.startswith(".fineweb/staging/")}
-    assert kept == old and len(fineweb.load_corpus(out)["sources"]) == 1
-    proc = cli(tmp_path, *args, "--out_dir", out, "--overwrite")
-    assert proc.returncode == 0, proc.stderr
-    assert not proc.stdout.startswith("1/6")  # the finished files were kept
-    assert files_of(out) == {**files_of(ref), "notes.txt": b"mine"}
+    proc = start_fineweb([*args, "--out_dir", out])
+    mid_file(out, proc)
+    os.kill(descendants(proc.pid)[0], signal.SIGKILL)  # as the OOM killer would
+    killed = time.monotonic()
+    returncode, _, err = finish(proc)
+    assert time.monotonic() - killed < 10
+    done = len(list((out / ".fineweb").glob("*.done.json")))
+    one_line_error(returncode, err, "fineweb.py", "a worker died (killed, or out of memory?); ")
+    assert err.strip().endswith(
+        f"{done} of 6 files done and kept: run the same command to continue"
+    )
+    assert not group_left(proc.pid)
+    run_main(*args, "--out_dir", out)
+    assert files_of(out) == files_of(ref)
 
 
 @pytest.mark.slow
@@ -692,18 +835,14 @@ def test_a_stopped_overwrite_leaves_the_old_corpus_and_the_same_command_finishes
 def test_kill_9_of_the_parent_leaves_no_worker(tmp_path, many):
     args, _ = many
     out = tmp_path / "out"
-    proc = start(tmp_path, *args, "--out_dir", out, start_new_session=True)
-    wait_for(out / ".fineweb" / "0000.done.json", proc)
-    deadline = time.monotonic() + 30
-    # it and its two workers
-    while len(group_left(proc.pid)) < 3 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert len(group_left(proc.pid)) >= 3
+    proc = start_fineweb([*args, "--out_dir", out])
+    mid_file(out, proc)
+    assert len(group_left(proc.pid)) == 3  # it and its two workers
     proc.kill()
-    proc.wait(timeout=10)
-    deadline = time.monotonic() + 10
+    proc.wait()
+    deadline = time.monotonic() + PATIENCE
     while group_left(proc.pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
+        time.sleep(0.02)
     assert not group_left(proc.pid)
     with pytest.raises(ValueError, match="is unfinished"):
         fineweb.load_corpus(out)
@@ -742,7 +881,8 @@ def test_hub_cache_offline_gives_the_shards_of_the_same_local_files(tmp_path, pa
     names["sample/100BT/000_00000.parquet"] = other  # not matched by --files
     folder = hub_cache(tmp_path / "hf", "HuggingFaceFW/fineweb-edu", names)
     out = tmp_path / "hub"
-    proc = cli(tmp_path, "--out_dir", out, "--shard_size", 700, "--workers", 2, "--free")
+    args = ["--out_dir", out, "--shard_size", 700, "--workers", 2, "--free"]
+    proc = run_program("fineweb.py", args, env=hub_env(tmp_path))
     assert proc.returncode == 0, proc.stderr
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["dataset"] == "fineweb-edu" and manifest["repo"] == "HuggingFaceFW/fineweb-edu"
@@ -763,19 +903,20 @@ def test_hub_download_dir_offline_and_its_errors(tmp_path, parquets):
         shutil.copy(p, download / "data" / p.name)
     out = tmp_path / "out"
     repo = ["--repo", "someone/corpus", "--files", "data/*.parquet"]
-    proc = cli(tmp_path, *repo, "--download_dir", download, "--out_dir", out, "--shard_size", 700)
+    args = [*repo, "--download_dir", download, "--out_dir", out, "--shard_size", 700]
+    proc = run_program("fineweb.py", args, env=hub_env(tmp_path))
     assert proc.returncode == 0, proc.stderr
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["dataset"] == "someone/corpus" and len(manifest["sources"]) == 2
     run_main("--local", *parquets[:2], "--out_dir", tmp_path / "local", "--shard_size", 700)
     assert manifest["fingerprint"] == fineweb.load_corpus(tmp_path / "local")["fingerprint"]
-    proc = cli(tmp_path, *repo, "--out_dir", tmp_path / "none")  # nothing downloaded
-    one_line_error(proc, "set 'HF_HUB_OFFLINE=0'")
+    # nothing downloaded: huggingface_hub's own message, in one line
+    proc = run_program("fineweb.py", [*repo, "--out_dir", tmp_path / "none"], env=hub_env(tmp_path))
+    one_line_error(proc.returncode, proc.stderr, "fineweb.py", "set 'HF_HUB_OFFLINE=0'")
     assert not (tmp_path / "none").exists()
-    proc = cli(
-        tmp_path, *repo[:2], "--files", "*.txt", "--download_dir", download, "--out_dir", out
-    )
-    one_line_error(proc, "no files of someone/corpus match '*.txt'")
+    args = [*repo[:2], "--files", "*.txt", "--download_dir", download, "--out_dir", out]
+    message = main_error(fineweb.main, args)
+    assert message == "fineweb.py: error: no files of someone/corpus match '*.txt'"
 
 
 # -----------------------------------------------------------------------------
@@ -788,7 +929,8 @@ def test_import_does_nothing_and_help_states_the_rules(capsys):
         "heavy = {'torch', 'tiktoken', 'huggingface_hub', 'pyarrow', 'tqdm', 'train_gpt2'}\n"
         "assert not heavy & set(sys.modules), heavy & set(sys.modules)\n"
     )
-    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60)
+    proc = run_program([sys.executable, "-c", code])
+    assert proc.returncode == 0, proc.stderr
     with pytest.raises(SystemExit) as exc:
         fineweb.main(["-h"])
     assert exc.value.code == 0
