@@ -715,6 +715,73 @@ def test_bad_input_is_one_line_that_says_what_to_do(small_corpus, bad_files, cap
     assert not (bad_files / "log").exists(), "a failed start left a log_dir"
 
 
+def flip_a_byte(root):
+    shard = sorted(root.glob("*_train_*.npy"))[0]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 1
+    shard.write_bytes(bytes(data))
+
+
+def truncate_a_shard(root):
+    shard = sorted(root.glob("*_train_*.npy"))[0]
+    shard.write_bytes(shard.read_bytes()[:-10])
+
+
+def fifo_for_a_shard(root):
+    shard = sorted(root.glob("*_train_*.npy"))[0]
+    shard.unlink()
+    os.mkfifo(shard)
+
+
+def damage_the_manifest(root):
+    manifest = root / "manifest.json"
+    manifest.write_text(manifest.read_text()[:100])
+
+
+def nanogpt_shards_past_the_vocabulary(root):
+    # build-nanogpt's layout: no manifest, read as GPT-2 tokens; one id past GPT-2's 50,257
+    for path in list(root.iterdir()):
+        if path.is_file():
+            path.unlink()
+    shutil.rmtree(root / ".fineweb", ignore_errors=True)
+    tokens = (train_gpt2.np.arange(4000) % 50000).astype("uint16")
+    train_gpt2.np.save(root / "edufineweb_val_000000.npy", tokens)
+    tokens[1234] = 60000
+    train_gpt2.np.save(root / "edufineweb_train_000001.npy", tokens)
+
+
+BAD_DATA = [
+    (flip_a_byte, "changed since fineweb.py wrote it (its sha256 differs); rerun fineweb.py"),
+    (truncate_a_shard, "changed since fineweb.py wrote it ("),
+    (fifo_for_a_shard, "not a regular file"),
+    (damage_the_manifest, "manifest.json is damaged"),
+    (nanogpt_shards_past_the_vocabulary, "holds token id 60000"),
+]
+
+
+@pytest.mark.parametrize("damage, message", BAD_DATA, ids=[d.__name__ for d, _ in BAD_DATA])
+def test_data_that_changed_is_found_before_training_reads_it(
+    small_corpus, tmp_path, capsys, damage, message
+):
+    root = tmp_path / "data"
+    shutil.copytree(small_corpus, root)
+    damage(root)
+    argv = tiny_flags(root, tmp_path / "log")
+    one_line_error(*run_main(train_gpt2.main, argv, capsys), "train_gpt2.py", message)
+    assert not (tmp_path / "log").exists()
+
+
+def test_shards_without_a_manifest_are_read_as_gpt2_tokens_and_the_run_says_so(
+    small_corpus, tmp_path
+):
+    root = tmp_path / "data"
+    shutil.copytree(small_corpus, root)
+    (root / "manifest.json").unlink()
+    shutil.rmtree(root / ".fineweb")
+    _, lines = train(root, tmp_path / "log", max_steps=1, eval_interval=0)
+    assert any(line.startswith("note: no manifest.json in") for line in lines), lines
+
+
 @pytest.mark.parametrize(
     "data, message",
     [(["--hellaswag_data", "no/such.jsonl"], "no/such.jsonl"), ([], "--hellaswag_data FILE")],
