@@ -197,25 +197,36 @@ def prepare(examples, enc, block_size):
     )
 
 
-def summed_loss(logits, tokens, start, count, n_ends, n_vocab):
-    """Cross-entropy (B,) of each row, summed over its ending.
+def ending_logits(model, x, start, n_ends, n_vocab, autocast_dtype=None):
+    """(logits (B, E, n_vocab) float32, targets (B, E)): the model's
+    outputs on x (B, T) that predict each row's ending, E = n_ends
+    (the batch's longest ending), and the tokens they predict.
 
-    Output t predicts token t + 1: a row's ending, tokens start ..
-    start + count - 1, is scored by outputs start - 1 onwards. Only
-    those n_ends outputs a row (the batch's longest ending) are taken
-    and upcast, (B, n_ends, n_vocab), not the whole (B, T, V); past a
-    row's count they are padding, never scored."""
-    B, T = tokens.size()
-    offsets = torch.arange(n_ends, device=tokens.device)  # (E,)
-    # a shorter ending's padding may run past the row: clamped, then masked out
+    Output t predicts token t + 1: a row's ending, its tokens from
+    start on, is predicted by outputs start - 1 onwards. Only those
+    are taken and upcast, not the whole (B, T, V), which is freed on
+    return, before the softmax's copy."""
+    B, T = x.size()
+    device_type = torch.device(x.device).type
+    with torch.autocast(device_type, autocast_dtype, autocast_dtype is not None):
+        logits, _ = model(x)  # (B, T, V)
+    offsets = torch.arange(n_ends, device=x.device)  # (E,)
+    # a shorter ending's padding may run past the row: clamped here, never scored
     pos = (start[:, None] - 1 + offsets).clamp(max=T - 2)  # (B, E)
-    rows = torch.arange(B, device=tokens.device)[:, None]  # (B, 1)
+    rows = torch.arange(B, device=x.device)[:, None]  # (B, 1)
     # a padded embedding table's extra ids (n_vocab on) are never text
     scored = logits[rows, pos, :n_vocab].float()  # (B, E, n_vocab)
-    targets = tokens[rows, pos + 1]  # (B, E)
-    losses = F.cross_entropy(scored.flatten(0, 1), targets.flatten(), reduction="none")
+    return scored, x[rows, pos + 1]
+
+
+def summed_loss(logits, targets, count):
+    """Cross-entropy (B,) of each row, summed over its ending: the
+    first count of its E positions (ending_logits'); the rest is
+    padding."""
+    losses = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none")
+    offsets = torch.arange(targets.size(1), device=targets.device)  # (E,)
     ending = offsets < count[:, None]  # (B, E)
-    return (losses.view(B, n_ends) * ending).sum(dim=1)
+    return (losses.view_as(targets) * ending).sum(dim=1)
 
 
 @torch.no_grad()
@@ -257,12 +268,9 @@ def ending_losses(
             width = min(math.ceil(longest / WIDTH_STEP) * WIDTH_STEP, tokens.size(1))
             n_ends = max(ends[first : first + batch_rows])
             x = tokens[idx, :width]  # (B, T)
-            with torch.autocast(
-                torch.device(device).type, autocast_dtype, autocast_dtype is not None
-            ):
-                logits, _ = model(x)  # (B, T, V)
-            losses = summed_loss(logits, x, start[idx], count[idx], n_ends, prepared["n_vocab"])
-            table[idx] = losses
+            n_vocab = prepared["n_vocab"]
+            logits, targets = ending_logits(model, x, start[idx], n_ends, n_vocab, autocast_dtype)
+            table[idx] = summed_loss(logits, targets, count[idx])
     finally:
         model.train(was_training)
     sums = table.view(-1, 4)[rank::world_size]
