@@ -207,8 +207,7 @@ def ending_logits(model, x, start, n_ends, n_vocab, autocast_dtype=None):
     are taken and upcast, not the whole (B, T, V), which is freed on
     return, before the softmax's copy."""
     B, T = x.size()
-    device_type = torch.device(x.device).type
-    with torch.autocast(device_type, autocast_dtype, autocast_dtype is not None):
+    with torch.autocast(x.device.type, autocast_dtype, autocast_dtype is not None):
         logits, _ = model(x)  # (B, T, V)
     offsets = torch.arange(n_ends, device=x.device)  # (E,)
     # a shorter ending's padding may run past the row: clamped here, never scored
@@ -258,6 +257,7 @@ def ending_losses(
     start = prepared["start"].to(device, non_blocking=True)  # (R,)
     count = prepared["count"].to(device, non_blocking=True)  # (R,)
     table = torch.zeros(len(order), device=device)  # (R,)
+    n_vocab = prepared["n_vocab"]
     was_training = model.training
     model.eval()
     try:
@@ -268,7 +268,6 @@ def ending_losses(
             width = min(math.ceil(longest / WIDTH_STEP) * WIDTH_STEP, tokens.size(1))
             n_ends = max(ends[first : first + batch_rows])
             x = tokens[idx, :width]  # (B, T)
-            n_vocab = prepared["n_vocab"]
             logits, targets = ending_logits(model, x, start[idx], n_ends, n_vocab, autocast_dtype)
             table[idx] = summed_loss(logits, targets, count[idx])
     finally:
