@@ -27,47 +27,38 @@ Use it as any Hugging Face model, offline:
     lm_eval --model hf --model_args pretrained=out/gpt2-ours \\
         --tasks hellaswag
 
-The directory is written under a temporary name beside OUT_DIR,
-loaded back and checked: its logits must be ours and its tokenizer
-must give our ids. A model that GPT-2's format cannot hold (another
+The directory is written as .OUT_DIR.tmp beside OUT_DIR, loaded
+back and checked: its logits must be ours and its tokenizer must
+give our ids. A model that GPT-2's format cannot hold (another
 activation, an untied head, capped logits, other modules) is
 refused in one line. Only then is it renamed to OUT_DIR; an
-existing non-empty OUT_DIR is never touched.
+existing non-empty OUT_DIR is never touched. An error or Ctrl-C
+removes the temporary directory; a run killed outright (SIGTERM,
+kill -9) leaves it, and the next export to that OUT_DIR removes it
+before it starts.
 """
 
 import argparse
 import os
 import shutil
-import signal
 import sys
 from pathlib import Path
 
+import torch
 
-# A stop signal: one line, and out at once (an exception could land inside
-# transformers' lazy imports, which turn it into a traceback). OUT_DIR is
-# untouched; a temporary directory being written stays behind, hidden.
-def stop(signum, frame):
-    os.write(2, f"export_hf.py: stopped by {signal.Signals(signum).name}\n".encode())
-    os._exit(1)
-
-
-if __name__ == "__main__":
-    # before torch loads (seconds); one the program was started ignoring (nohup) stays so
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):
-        if signal.getsignal(sig) != signal.SIG_IGN:
-            signal.signal(sig, stop)
-
-import torch  # noqa: E402
-
-import fineweb  # noqa: E402
-import train_gpt2  # noqa: E402
+import fineweb
+import train_gpt2
 
 
 def load(checkpoint_path):
     # (our model in eval mode, its tokenizer), or a one-line ValueError
     ckpt = train_gpt2.load_checkpoint(checkpoint_path)
     try:
-        model = train_gpt2.GPT(train_gpt2.GPTConfig(**ckpt["model_config"]))
+        # the run's dropout kept (for config.json); as train_gpt2.load_model, the fields of an
+        # older version's checkpoint that this GPT no longer has (its bias flag) left out
+        fields = train_gpt2.GPTConfig.__dataclass_fields__
+        saved = {k: v for k, v in ckpt["model_config"].items() if k in fields}
+        model = train_gpt2.GPT(train_gpt2.GPTConfig(**saved))
         model.load_state_dict(ckpt["model"])
         enc = fineweb.tokenizer_from_manifest(ckpt["tokenizer"])
     except (KeyError, TypeError, AttributeError, RuntimeError) as e:
@@ -172,6 +163,14 @@ def check_export(model, enc, out):
         raise ValueError("the exported tokenizer gives other ids than ours")
 
 
+def remove(tmp):
+    # the temporary directory (gone once renamed); a file or a link by its name: only the name
+    if tmp.is_dir() and not tmp.is_symlink():
+        shutil.rmtree(tmp)
+    else:
+        tmp.unlink(missing_ok=True)
+
+
 # Write checkpoint_path (a model_*.pt of train_gpt2.py) as a Hugging Face
 # GPT-2 directory out_dir, checked; returns its Path. A ValueError or an
 # OSError (one line) leaves nothing behind.
@@ -184,7 +183,9 @@ def export_hf(checkpoint_path, out_dir):
     model, enc = load(checkpoint_path)
     chars = isinstance(enc, fineweb.CharTokenizer)
     tokenizer = (char_tokenizer if chars else gpt2_tokenizer)(enc, model.config.block_size)
-    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+    # one name for every export to out: what a killed run left there is removed first
+    tmp = out.with_name(f".{out.name}.tmp")
+    remove(tmp)
     try:
         hf_model(model, enc.n_vocab, enc.eot_token).save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
@@ -198,7 +199,7 @@ def export_hf(checkpoint_path, out_dir):
         # a full disk (or a file-size limit) while safetensors writes the weights
         raise OSError(f"cannot write {out}: {e}") from None
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove(tmp)
     return out
 
 

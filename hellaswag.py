@@ -25,37 +25,26 @@ Without --data it reads the official val split, downloaded once
 from the Hugging Face hub (Rowan/hellaswag, as parquet) into the
 hub's cache; --data takes a local rowanz .jsonl or an HF-format
 .parquet. A training run calls prepare() once and evaluate()
-every so often. Importing this module does nothing.
+every so often. Importing this module does nothing; Ctrl-C ends
+the command line as Python does.
 """
 
 import argparse
 import json
+import math
 import os
-import signal
 import sys
 
-
-# a stop signal: one line on stderr, no traceback; a hard exit, as
-# nothing needs cleaning up and no library's except can swallow it
-def stop(signum, frame):
-    os.write(2, f"hellaswag.py: stopped by {signal.Signals(signum).name}\n".encode())
-    os._exit(1)
-
-
-if __name__ == "__main__":
-    # before torch loads: its import takes seconds
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):
-        # one the program was started ignoring (nohup) stays so
-        if signal.getsignal(sig) != signal.SIG_IGN:
-            signal.signal(sig, stop)
-
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch.nn.utils.rnn import pad_sequence  # noqa: E402
+import torch
+import torch.nn.functional as F
+from torch.nn.utils.rnn import pad_sequence
 
 COLUMNS = ("ctx", "endings", "label")
 # rows per forward pass: the logits take rows x longest x vocab
 BATCH_ROWS = 64
+# a batch's width is rounded up to a multiple of this: on a GPU each distinct width builds its
+# own attention kernels (cuDNN a graph per shape), so a run builds a handful, not one a length
+WIDTH_STEP = 32
 
 # -----------------------------------------------------------------------------
 # data
@@ -172,8 +161,9 @@ def prepare(examples, enc, block_size):
 
     A dict of CPU tensors over R = 4 * n plain rows, row 4 * i + j
     being example i's context + ending j:
-      tokens, mask (R, W): render_example's, right-padded with 0
-      length (R,): the row's tokens, context and ending
+      tokens (R, W): render_example's rows, right-padded with 0
+      start (R,): where the ending begins (the context's length)
+      count (R,): the ending's tokens
       order (R,): the rows, shortest first, for batches of little
         padding; labels (n,); and n_vocab, the tokenizer's size.
     """
@@ -195,25 +185,47 @@ def prepare(examples, enc, block_size):
         mask_rows.extend(mask)
     mask = pad_sequence(mask_rows, batch_first=True)
     # the mask's first 1 is where the ending begins
-    length = mask.argmax(dim=1) + mask.sum(dim=1)
+    start = mask.argmax(dim=1)
+    count = mask.sum(dim=1)
     return dict(
         tokens=pad_sequence(token_rows, batch_first=True),
-        mask=mask,
-        length=length,
-        order=torch.argsort(length, stable=True),
+        start=start,
+        count=count,
+        order=torch.argsort(start + count, stable=True),
         labels=torch.tensor([ex["label"] for ex in examples]),
         n_vocab=enc.n_vocab,
     )
 
 
-def summed_loss(logits, tokens, mask, n_vocab):
-    """Cross-entropy (B,) of each row, summed over its ending:
-    output t predicts token t + 1, scored where the mask is 1."""
-    logits = logits[:, :-1].flatten(0, 1).float()  # (B * (T-1), V)
-    # a padded embedding table's extra ids are never text
-    logits[:, n_vocab:] = float("-inf")
-    losses = F.cross_entropy(logits, tokens[:, 1:].flatten(), reduction="none")
-    return (losses.view(len(tokens), -1) * mask[:, 1:]).sum(dim=1)
+def ending_logits(model, x, start, n_ends, n_vocab, autocast_dtype=None):
+    """(logits (B, E, n_vocab) float32, targets (B, E)): the model's
+    outputs on x (B, T) that predict each row's ending, E = n_ends
+    (the batch's longest ending), and the tokens they predict.
+
+    Output t predicts token t + 1: a row's ending, its tokens from
+    start on, is predicted by outputs start - 1 onwards. Only those
+    are taken and upcast, not the whole (B, T, V), which is freed on
+    return, before the softmax's copy."""
+    B, T = x.size()
+    with torch.autocast(x.device.type, autocast_dtype, autocast_dtype is not None):
+        logits, _ = model(x)  # (B, T, V)
+    offsets = torch.arange(n_ends, device=x.device)  # (E,)
+    # a shorter ending's padding may run past the row: clamped here, never scored
+    pos = (start[:, None] - 1 + offsets).clamp(max=T - 2)  # (B, E)
+    rows = torch.arange(B, device=x.device)[:, None]  # (B, 1)
+    # a padded embedding table's extra ids (n_vocab on) are never text
+    scored = logits[rows, pos, :n_vocab].float()  # (B, E, n_vocab)
+    return scored, x[rows, pos + 1]
+
+
+def summed_loss(logits, targets, count):
+    """Cross-entropy (B,) of each row, summed over its ending: the
+    first count of its E positions (ending_logits'); the rest is
+    padding."""
+    losses = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none")
+    offsets = torch.arange(targets.size(1), device=targets.device)  # (E,)
+    ending = offsets < count[:, None]  # (B, E)
+    return (losses.view_as(targets) * ending).sum(dim=1)
 
 
 @torch.no_grad()
@@ -230,34 +242,38 @@ def ending_losses(
     float32 on device, of the m examples rank::world_size.
 
     Batches of batch_rows plain rows, shortest first, cut to the
-    longest: little padding, and padding is never scored. The
-    losses stay on the device: nothing comes back to the host."""
+    longest rounded up to WIDTH_STEP: little padding, and padding is
+    never scored. The losses stay on the device: nothing comes back
+    to the host."""
     # rank r scores examples r, r + world_size, ...
     order = prepared["order"]
     mine = order[order // 4 % world_size == rank]
-    widths = prepared["length"][mine].tolist()
+    # the batch plan, from the CPU tensors: each row's length and its ending's
+    widths = (prepared["start"] + prepared["count"])[mine].tolist()
+    ends = prepared["count"][mine].tolist()
     # non_blocking: the copies wait for no queued GPU work
     rows = mine.to(device, non_blocking=True)
     tokens = prepared["tokens"].to(device, non_blocking=True)  # (R, W)
-    mask = prepared["mask"].to(device, non_blocking=True)  # (R, W)
+    start = prepared["start"].to(device, non_blocking=True)  # (R,)
+    count = prepared["count"].to(device, non_blocking=True)  # (R,)
     table = torch.zeros(len(order), device=device)  # (R,)
+    n_vocab = prepared["n_vocab"]
     was_training = model.training
     model.eval()
     try:
         for first in range(0, len(widths), batch_rows):
             idx = rows[first : first + batch_rows]
-            width = max(widths[first : first + batch_rows])
+            longest = max(widths[first : first + batch_rows])
+            # never past the longest row of all (at most block_size)
+            width = min(math.ceil(longest / WIDTH_STEP) * WIDTH_STEP, tokens.size(1))
+            n_ends = max(ends[first : first + batch_rows])
             x = tokens[idx, :width]  # (B, T)
-            with torch.autocast(
-                torch.device(device).type, autocast_dtype, autocast_dtype is not None
-            ):
-                logits, _ = model(x)  # (B, T, V)
-            table[idx] = summed_loss(logits, x, mask[idx, :width], prepared["n_vocab"])
+            logits, targets = ending_logits(model, x, start[idx], n_ends, n_vocab, autocast_dtype)
+            table[idx] = summed_loss(logits, targets, count[idx])
     finally:
         model.train(was_training)
     sums = table.view(-1, 4)[rank::world_size]
-    count = mask.sum(dim=1).view(-1, 4)[rank::world_size]
-    return sums, sums / count
+    return sums, sums / count.view(-1, 4)[rank::world_size]
 
 
 def evaluate(
@@ -308,48 +324,52 @@ def parse_args(argv):
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="autocast")
     p.add_argument("--batch_rows", type=int, default=BATCH_ROWS, help="rows per batch")
     args = p.parse_args(argv)
-    if args.limit < 0 or args.batch_rows < 1:
-        p.error("need --limit >= 0 (0: all examples) and --batch_rows >= 1")
+    if args.limit < 0:
+        p.error("--limit must be >= 0 (0: all examples)")
+    if args.batch_rows < 1:
+        p.error("--batch_rows must be >= 1")
+    if not args.model:
+        p.error("--model is empty")
+    if args.data == "":
+        p.error("--data is empty (leave it out for the official val split)")
     return args
-
-
-def pick_device(name):
-    """The torch device --device names, or a ValueError why not."""
-    if name == "auto":
-        mps = torch.backends.mps.is_available()
-        name = "cuda" if torch.cuda.is_available() else "mps" if mps else "cpu"
-    # a bad name, or no such device here
-    try:
-        torch.empty(0, device=name)
-    except (RuntimeError, AssertionError) as e:
-        raise ValueError(f"--device {name}: not usable here ({e})") from None
-    return name
 
 
 def run(args):
     """Evaluate as the command line says: the result dict."""
+    # here, not at the top: train_gpt2 imports this module
+    from train_gpt2 import load_model, pick_device
+
     device = pick_device(args.device)
     examples = load_examples(args.data, args.limit)
-    # here, not at the top: train_gpt2 imports this module
-    from train_gpt2 import load_model
-
     model, enc = load_model(args.model, device)
     if enc.name != "gpt2":
         raise ValueError(f"{args.model} uses the {enc.name} tokenizer; HellaSwag needs GPT-2's")
     prepared = prepare(examples, enc, model.config.block_size)
     # TF32 matmuls where the GPU has them, as in training
     torch.set_float32_matmul_precision("high")
-    return evaluate(
-        model,
-        prepared,
-        device,
-        autocast_dtype=torch.bfloat16 if args.dtype == "bfloat16" else None,
-        batch_rows=args.batch_rows,
-    )
+    try:
+        return evaluate(
+            model,
+            prepared,
+            device,
+            autocast_dtype=torch.bfloat16 if args.dtype == "bfloat16" else None,
+            batch_rows=args.batch_rows,
+        )
+    except RuntimeError as e:
+        # torch.OutOfMemoryError (a GPU's) is a RuntimeError; the CPU's and MPS's allocators
+        # say "memory" in theirs
+        if not isinstance(e, torch.OutOfMemoryError) and "memory" not in str(e):
+            raise
+        raise ValueError(
+            f"out of {device} memory with --batch_rows {args.batch_rows}: lower it"
+        ) from None
 
 
 def main(argv=None):
     args = parse_args(argv)
+    # transformers' warnings and progress bars (a Hugging Face model) would bury the one line
+    os.environ.update(TRANSFORMERS_VERBOSITY="error", HF_HUB_DISABLE_PROGRESS_BARS="1")
     try:
         result = run(args)
     except (OSError, ValueError) as e:

@@ -5,38 +5,27 @@ directory, or one of our checkpoints (which knows its tokenizer).
     python sample.py --init_from gpt2 --prompt "Hello, I'm a language model,"
     python sample.py --init_from log/model_19073.pt --max_new_tokens 200
 
---max_length counts the prompt's tokens too (default 30: the course's
-demo, 5 sequences of 30 tokens, top-k 50, seed 42); --max_new_tokens
-counts only what is added. train_gpt2.sample_texts does the work, the
-function that prints the samples during training (KV cache, seeded).
+Each sample is the prompt and --max_new_tokens new tokens (default
+100: a few sentences of a GPT-2, a line or two of a character model).
+--max_length counts the prompt's tokens too: the course's demo is
+--max_length 30 (5 sequences, top-k 50, seed 42, the defaults).
+train_gpt2.sample_texts does the work, the function that prints the
+samples during training (KV cache, seeded). Ctrl-C ends it as
+Python does: nothing is written.
 """
 
 import argparse
 import math
 import os
-import re
-import signal
 import sys
 from pathlib import Path
 
-
-# a stop signal: one line on stderr, no traceback; a hard exit, as
-# nothing needs cleaning up and no library's except can swallow it
-def stop(signum, frame):
-    os.write(2, f"sample.py: stopped by {signal.Signals(signum).name}\n".encode())
-    os._exit(128 + signum)
-
-
-if __name__ == "__main__":
-    # before torch loads: its import takes seconds
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):
-        # one the program was started ignoring (nohup) stays so
-        if signal.getsignal(sig) != signal.SIG_IGN:
-            signal.signal(sig, stop)
-
+import torch
 
 import train_gpt2
-from hellaswag import pick_device
+
+# new tokens a sample when neither --max_new_tokens nor --max_length is given
+NEW_TOKENS = 100
 
 
 def parse_args(argv):
@@ -49,30 +38,35 @@ def parse_args(argv):
     p.add_argument("--prompt", default="Hello, I'm a language model,")
     p.add_argument("--num_samples", type=int, default=5)
     length = p.add_mutually_exclusive_group()
-    length.add_argument("--max_length", type=int, help="tokens a sample, prompt included (30)")
-    length.add_argument("--max_new_tokens", type=int, help="tokens added to the prompt")
+    length.add_argument("--max_new_tokens", type=int, help=f"tokens added ({NEW_TOKENS})")
+    length.add_argument("--max_length", type=int, help="tokens a sample, prompt included")
     p.add_argument("--top_k", type=int, default=50, help="0: the whole distribution")
     p.add_argument("--temperature", type=float, default=1.0, help="0: greedy")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--device", default="auto", help="auto|cpu|cuda|cuda:N|mps")
     args = p.parse_args(argv)
-    # every count positive; None: the flag not given
-    counts = [args.num_samples, args.max_length, args.max_new_tokens]
-    if min(n for n in counts if n is not None) < 1:
-        p.error("--num_samples, --max_length, --max_new_tokens must be >= 1")
-    if args.top_k < 0 or not 0 <= args.temperature < math.inf:
-        p.error("--top_k and --temperature must be >= 0 (and finite)")
+    # past 2**63 torch cannot even count the samples' tokens
+    if not 1 <= args.num_samples < 2**63:
+        p.error("--num_samples must be in 1 .. 2**63 - 1")
+    # None: the flag not given
+    if args.max_new_tokens is not None and args.max_new_tokens < 1:
+        p.error("--max_new_tokens must be >= 1")
+    if args.max_length is not None and args.max_length < 1:
+        p.error("--max_length must be >= 1")
+    if args.top_k < 0:
+        p.error("--top_k must be >= 0")
+    # float32 takes a tiny temperature for 0 (NaN probabilities); below 1e-6 it is greedy anyway
+    if not (args.temperature == 0 or 1e-6 <= args.temperature < math.inf):
+        p.error("--temperature must be 0 (greedy) or a finite number >= 1e-6")
     if not 0 <= args.seed < 2**63:
         p.error("--seed must be in 0 .. 2**63 - 1")
-    if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", args.device):
-        p.error("--device must be auto, cpu, cuda, cuda:N or mps")
     if not args.init_from:
         p.error("--init_from is empty")
     return args
 
 
 def load(source, device):
-    # (model, enc); whatever a missing or foreign file raises: one line
+    # (model, enc); train_gpt2.load_model says in one line why a model cannot load
     path = Path(source)
     # a path is a file or a directory here: a hub name has no ./ ../ /
     if source.startswith(("/", "./", "../")) and not path.exists():
@@ -81,48 +75,79 @@ def load(source, device):
         raise ValueError(
             f"--init_from {source}: not a checkpoint (.pt), nor a Hugging Face directory"
         )
+    return train_gpt2.load_model(source, device)
+
+
+def prompt_length(prompt, enc, block_size):
+    # the prompt's tokens (an empty prompt is <|endoftext|> alone), checked to leave room in the
+    # model's context for a sampled token
     try:
-        return train_gpt2.load_model(source, device)
-    except (ValueError, OSError):
-        raise
-    except Exception as e:
-        raise ValueError(f"cannot load {source}: {e}") from None
+        ids = enc.encode(prompt, allowed_special="all")
+    except ValueError as e:
+        # a character model's tokenizer: a character it never saw
+        raise ValueError(f"--prompt: {e}") from None
+    if not ids and enc.eot_token is None:
+        raise ValueError("--prompt is empty, and this model has no <|endoftext|> to start from")
+    n = max(len(ids), 1)
+    if n >= block_size:
+        raise ValueError(
+            f"--prompt is {n} tokens: the model's context is {block_size} tokens,"
+            f" so the prompt must be {block_size - 1} at most"
+        )
+    return n
 
 
-def new_tokens(args, enc):
+def new_tokens(args, n_prompt):
     # --max_new_tokens, or what --max_length leaves after the prompt
     if args.max_new_tokens is not None:
         return args.max_new_tokens
-    max_length = args.max_length or 30
-    # an empty prompt is <|endoftext|> alone: one token
-    ids = enc.encode(args.prompt, allowed_special="all")
-    n = max(len(ids), 1)
-    if n >= max_length:
+    if args.max_length is None:
+        return NEW_TOKENS
+    if n_prompt >= args.max_length:
         raise ValueError(
-            f"the prompt is {n} tokens: --max_length {max_length} leaves"
+            f"the prompt is {n_prompt} tokens: --max_length {args.max_length} leaves"
             " none to sample (raise it, or use --max_new_tokens)"
         )
-    return max_length - n
+    return args.max_length - n_prompt
+
+
+def too_big(error):
+    # a RuntimeError of tensors too large: torch.OutOfMemoryError (a GPU's), the CPU's and MPS's
+    # allocators ("can't allocate memory"), a size past int64 ("Storage size ... overflowed")
+    text = str(error)
+    return isinstance(error, torch.OutOfMemoryError) or "memory" in text or "overflow" in text
 
 
 def run(args):
     # the samples' texts, as the command line asks
-    device = pick_device(args.device)
+    device = train_gpt2.pick_device(args.device)
     model, enc = load(args.init_from, device)
-    return train_gpt2.sample_texts(
-        model,
-        enc,
-        args.prompt,
-        args.num_samples,
-        new_tokens(args, enc),
-        top_k=args.top_k,
-        temperature=args.temperature,
-        seed=args.seed,
-    )
+    n_prompt = prompt_length(args.prompt, enc, model.config.block_size)
+    n_new = new_tokens(args, n_prompt)
+    try:
+        return train_gpt2.sample_texts(
+            model,
+            enc,
+            args.prompt,
+            args.num_samples,
+            n_new,
+            top_k=args.top_k,
+            temperature=args.temperature,
+            seed=args.seed,
+        )
+    except RuntimeError as e:
+        if not too_big(e):
+            raise
+        raise ValueError(
+            f"--num_samples {args.num_samples} of {n_prompt + n_new} tokens do not fit in"
+            f" {device}'s memory: lower --num_samples (or the tokens a sample)"
+        ) from None
 
 
 def main(argv=None):
     args = parse_args(argv)
+    # transformers' warnings and progress bars (a Hugging Face model) would bury the one line
+    os.environ.update(TRANSFORMERS_VERBOSITY="error", HF_HUB_DISABLE_PROGRESS_BARS="1")
     try:
         texts = run(args)
     except (ValueError, OSError) as e:

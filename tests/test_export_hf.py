@@ -1,6 +1,7 @@
 """export_hf.py: one of our checkpoints as a Hugging Face GPT-2 directory, tested with the tools
 that read it, offline: transformers' Auto classes and pipeline, the tokenizers library and
-lm-evaluation-harness. A model that GPT-2's format cannot hold is refused; bad input is one line.
+lm-evaluation-harness. A model that GPT-2's format cannot hold is refused; bad input is one line
+(through main(), in this process); a killed export's temporary directory is removed by the next.
 
 <|endoftext|> in text: the exported tokenizer gives it its one id 50256, as tiktoken's
 encode(text, allowed_special="all") does; with split_special_tokens=True it is text, as in
@@ -9,21 +10,18 @@ encode_ordinary (what hellaswag.py and fineweb.py use for document text)."""
 import dataclasses
 import json
 import random
-import subprocess
-import sys
-from pathlib import Path
+import signal
 
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import child_env
+from conftest import finish, one_line_error, run_main, start, tiny_config, wait_for
 
 import export_hf
 import fineweb
 import hellaswag
 import train_gpt2
 
-ROOT = Path(__file__).resolve().parents[1]
 GPT2_FILES = {
     "config.json",
     "generation_config.json",
@@ -48,13 +46,6 @@ def write_documents(path, n=40, seed=0):
         docs.append(f"Story {i}\n\n" + " ".join(sentences))
     path.write_text("\n\n\n".join(docs) + "\n", encoding="utf-8")
     return docs
-
-
-def run(*args):
-    # one of the programs, as a user runs it
-    command = [sys.executable, *map(str, args)]
-    env = child_env()
-    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
 def nudge(model, std, seed=0):
@@ -82,20 +73,23 @@ def char_checkpoint(path, chars, n_embd=32, seed=0):
     return path
 
 
+@pytest.fixture(scope="module", autouse=True)
+def quiet_transformers():
+    """What main() asks of transformers through the environment, which a fresh process reads
+    when it imports it: here it may be imported already."""
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+
+
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    # a real checkpoint: a GPT-2 corpus made by fineweb.py, 2 steps of train_gpt2.py, dropout 0.1
-    root = tmp_path_factory.mktemp("trained")
-    write_documents(root / "docs.txt")
-    made = run("fineweb.py", "--local", root / "docs.txt", "--out_dir", root / "data")
-    assert made.returncode == 0, made.stderr
-    flags = "--n_layer 2 --n_head 2 --n_embd 32 --batch_size 4 --seq_len 32"
-    flags += " --total_batch_size 128 --max_steps 2 --val_tokens 128 --dropout 0.1"
-    flags += " --hellaswag_interval 0 --sample_interval 0 --device cpu --compile false"
-    args = ["--data_root", root / "data", "--log_dir", root / "log", *flags.split()]
-    result = run("train_gpt2.py", *args)
-    assert result.returncode == 0, result.stderr
-    return root / "log" / "model_00002.pt"
+def trained(gpt2_corpus, tmp_path_factory):
+    # a real checkpoint: 2 steps of train_gpt2.py on a GPT-2 corpus of fineweb.py's, dropout 0.1
+    log_dir = tmp_path_factory.mktemp("trained") / "log"
+    cfg = tiny_config(gpt2_corpus, log_dir, seq_len=32, max_steps=2, dropout=0.1)
+    train_gpt2.train(cfg, log=lambda *a: None)
+    return log_dir / "model_00002.pt"
 
 
 @pytest.fixture(scope="module")
@@ -185,14 +179,22 @@ def test_export_computes_our_logits(exported, ours, tmp_path):
 
 
 @pytest.mark.gpt2_contract
-def test_export_cli_of_a_trained_checkpoint(trained, tmp_path):
-    # the command line on what train_gpt2.py wrote, into an empty directory made beforehand
-    (tmp_path / "hf").mkdir()
-    result = run("export_hf.py", trained, tmp_path / "hf")
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith(f"wrote {tmp_path / 'hf'}") and result.stderr == ""
-    assert {p.name for p in (tmp_path / "hf").iterdir()} == GPT2_FILES
-    assert [p.name for p in tmp_path.iterdir()] == ["hf"]  # no temporary left
+def test_a_killed_export_leaves_a_temporary_that_the_next_removes(trained, tmp_path, capsys):
+    # the command line, as a user runs it, killed outright (kill -9: no cleanup) while it writes
+    out = tmp_path / "hf"
+    tmp = tmp_path / ".hf.tmp"
+    proc = start("export_hf.py", [trained, out])
+    wait_for(lambda: (tmp / "model.safetensors").exists(), proc)
+    proc.send_signal(signal.SIGKILL)
+    code, _, _ = finish(proc)
+    assert code == -signal.SIGKILL
+    assert [p.name for p in tmp_path.iterdir()] == [".hf.tmp"]
+    # the next export to the same OUT_DIR starts by removing it, and leaves only OUT_DIR
+    export_hf.main([str(trained), str(out)])
+    stdout, err = capsys.readouterr()
+    assert stdout.startswith(f"wrote {out}: load it with") and err == "", err
+    assert [p.name for p in tmp_path.iterdir()] == ["hf"]
+    assert {p.name for p in out.iterdir()} == GPT2_FILES
 
 
 @pytest.mark.gpt2_contract
@@ -339,81 +341,83 @@ def soft_capped(monkeypatch):
     monkeypatch.setattr(train_gpt2.GPT, "forward", capped)
 
 
-@pytest.mark.parametrize("edit", [untied, erf_gelu, soft_capped])
-def test_a_model_gpt2_cannot_hold_is_refused(tmp_path, monkeypatch, edit):
-    # train_gpt2.GPT edited (as a user might edit the file): its checkpoint loads, but the
-    # exported model would compute other logits; one line, and nothing written
-    edit(monkeypatch)
-    ckpt = char_checkpoint(tmp_path / "model_00000.pt", "\n abcdefghij", n_embd=64)
-    with pytest.raises(SystemExit) as exc:
-        export_hf.main([str(ckpt), str(tmp_path / "hf")])
-    message = str(exc.value.code)
-    assert message.startswith("export_hf.py: error: GPT-2's format cannot hold this model")
-    assert "\n" not in message
-    assert [p.name for p in tmp_path.iterdir()] == ["model_00000.pt"]
+def test_older_checkpoints_load_with_their_dropout(tmp_path):
+    # a checkpoint of the previous version records a bias flag too (its weights are the same)
+    ckpt = train_gpt2.load_checkpoint(char_checkpoint(tmp_path / "model_00000.pt", "abc"))
+    ckpt["model_config"].update(bias=True, dropout=0.1)
+    train_gpt2.save_checkpoint(tmp_path / "old.pt", ckpt)
+    model, enc = export_hf.load(tmp_path / "old.pt")
+    assert model.config.dropout == 0.1 and not model.training and enc.chars == "abc"
 
 
-def test_bad_input_is_one_line(trained, tmp_path):
-    # real processes, all at once: each fails with one line on stderr and writes nothing
-    (tmp_path / "damaged.pt").write_bytes(trained.read_bytes()[:-1000])
-    foreign = {"model": {}, "model_config": {"layers": 2}, "step": 0}
-    torch.save(foreign, tmp_path / "foreign.pt")
-    (tmp_path / "full").mkdir()
-    (tmp_path / "full" / "mine.txt").write_text("keep me")
-    cases = [
-        ([], "the following arguments are required: checkpoint, out_dir"),
-        ([tmp_path / "missing.pt"], "cannot read checkpoint"),
-        ([tmp_path / "damaged.pt"], "damaged, or not a checkpoint"),
-        ([tmp_path / "foreign.pt"], "is not a checkpoint of train_gpt2.py's GPT"),
-        ([trained, tmp_path / "full"], "exists and is not an empty directory"),
-    ]
-    procs = []
-    for args, _ in cases:
-        out = [tmp_path / "out"] if len(args) == 1 else []
-        command = [sys.executable, "export_hf.py", *map(str, args + out)]
-        pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        procs.append(subprocess.Popen(command, cwd=ROOT, env=child_env(), **pipes))
-    for proc, (args, message) in zip(procs, cases):
-        stdout, stderr = proc.communicate(timeout=300)
-        assert proc.returncode != 0 and stdout == ""
-        assert stderr.startswith("export_hf.py: error: ") and message in stderr, stderr
-        assert stderr.count("\n") == 1
-    names = ["damaged.pt", "foreign.pt", "full"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == names
+def make_inputs(root):
+    """The files of the bad inputs: a character checkpoint made with train_gpt2.GPT as it is
+    now, a torn one, other programs' files, checkpoints missing a part, OUT_DIRs in use."""
+    ckpt = char_checkpoint(root / "model.pt", "\n abcdefghij", n_embd=64)
+    (root / "torn.pt").write_bytes(ckpt.read_bytes()[:-1000])
+    (root / "text.pt").write_text("not a checkpoint\n")
+    torch.save([1, 2, 3], root / "list.pt")
+    torch.save({"model": {}, "model_config": [2], "step": 0}, root / "foreign.pt")
+    saved = train_gpt2.load_checkpoint(ckpt)
+    del saved["tokenizer"]
+    train_gpt2.save_checkpoint(root / "no_tokenizer.pt", saved)
+    saved = train_gpt2.load_checkpoint(char_checkpoint(root / "small_table.pt", "abc"))
+    saved["tokenizer"] = fineweb.tokenizer_info(fineweb.CharTokenizer("abcd"))
+    train_gpt2.save_checkpoint(root / "small_table.pt", saved)
+    (root / "full").mkdir()
+    (root / "full" / "mine.txt").write_text("keep me")
+    (root / "a_file").write_text("keep me")
+
+
+# name: (an edit of train_gpt2 as a user might make it, or None; the arguments; the message)
+BAD_INPUTS = {
+    "no arguments": (None, [], "the following arguments are required: checkpoint, out_dir"),
+    "missing checkpoint": (None, ["{root}/none.pt", "{root}/out"], "cannot read checkpoint"),
+    "torn checkpoint": (None, ["{root}/torn.pt", "{root}/out"], "damaged, or not a checkpoint"),
+    "a text file": (None, ["{root}/text.pt", "{root}/out"], "damaged, or not a checkpoint"),
+    "a list": (None, ["{root}/list.pt", "{root}/out"], "list.pt is not a train_gpt2.py checkpoint"),
+    "another program's": (
+        None,
+        ["{root}/foreign.pt", "{root}/out"],
+        "foreign.pt is not a checkpoint of train_gpt2.py's GPT",
+    ),
+    "no tokenizer": (
+        None,
+        ["{root}/no_tokenizer.pt", "{root}/out"],
+        "no_tokenizer.pt is not a checkpoint of train_gpt2.py's GPT",
+    ),
+    "a small token table": (
+        None,
+        ["{root}/small_table.pt", "{root}/out"],
+        "small_table.pt: fewer token rows than its tokenizer's ids",
+    ),
+    "OUT_DIR not empty": (
+        None,
+        ["{root}/model.pt", "{root}/full"],
+        "full exists and is not an empty directory; pick a new OUT_DIR",
+    ),
+    "OUT_DIR a file": (None, ["{root}/model.pt", "{root}/a_file"], "a_file exists and is not"),
+    "an untied head": (untied, ["{root}/model.pt", "{root}/out"], "GPT-2's format cannot hold"),
+    "the exact GELU": (erf_gelu, ["{root}/model.pt", "{root}/out"], "GPT-2's format cannot hold"),
+    "capped logits": (soft_capped, ["{root}/model.pt", "{root}/out"], "GPT-2's format cannot"),
+}
+
+
+@pytest.mark.parametrize("name", BAD_INPUTS)
+def test_bad_input_is_one_line(tmp_path, capsys, monkeypatch, name):
+    edit, args, message = BAD_INPUTS[name]
+    # train_gpt2.GPT edited before its checkpoint is made: it loads, but the exported model
+    # would compute other logits
+    if edit is not None:
+        edit(monkeypatch)
+        # what a killed export to the same OUT_DIR left: removed by this one before it writes
+        (tmp_path / ".out.tmp").mkdir()
+        (tmp_path / ".out.tmp" / "model.safetensors").write_bytes(b"torn")
+    make_inputs(tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir() if p.name != ".out.tmp")
+    code, err = run_main(export_hf.main, [a.format(root=tmp_path) for a in args], capsys)
+    one_line_error(code, err, "export_hf.py", message)
+    # nothing written, nothing of the user's changed
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
     assert (tmp_path / "full" / "mine.txt").read_text() == "keep me"
-
-
-@pytest.mark.parametrize(
-    "what, message",
-    [
-        ("text.pt", "damaged, or not a checkpoint"),
-        ("a list", "is not a train_gpt2.py checkpoint"),
-        ("a file", "exists and is not an empty directory"),
-        ("no tokenizer", "is not a checkpoint of train_gpt2.py's GPT"),
-        ("small table", "fewer token rows than its tokenizer's ids"),
-    ],
-)
-def test_more_bad_input_in_process(trained, tmp_path, what, message):
-    # the same one-line errors through main(), in this process (no start-up to pay)
-    ckpt = tmp_path / "model_00002.pt"
-    out = tmp_path / "out"
-    if what == "text.pt":
-        ckpt.write_text("not a checkpoint\n")
-    elif what == "a list":
-        torch.save([1, 2, 3], ckpt)
-    else:
-        saved = train_gpt2.load_checkpoint(trained)
-        if what == "no tokenizer":
-            del saved["tokenizer"]
-        if what == "small table":
-            saved = train_gpt2.load_checkpoint(char_checkpoint(ckpt, "abc"))
-            saved["tokenizer"] = fineweb.tokenizer_info(fineweb.CharTokenizer("abcd"))
-        train_gpt2.save_checkpoint(ckpt, saved)
-    if what == "a file":
-        out.write_text("keep me")
-    with pytest.raises(SystemExit) as exc:
-        export_hf.main([str(ckpt), str(out)])
-    assert str(exc.value.code).startswith("export_hf.py: error: ")
-    assert message in str(exc.value.code) and "\n" not in str(exc.value.code)
-    left = ["model_00002.pt", "out"] if what == "a file" else ["model_00002.pt"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == left
+    assert (tmp_path / "a_file").read_text() == "keep me"

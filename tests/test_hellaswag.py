@@ -1,17 +1,15 @@
 """hellaswag.py: rendering, the batched scoring (the same picks as each example's 4 rows scored
-alone), DDP striding over 2 gloo processes, the results kept on the device, the data readers and
-their one-line errors, the hub download from an offline cache, and the command line's one-line
-errors and clean stops (real processes). The model is a tiny causal LM defined here."""
+alone, batches rounded up to a few widths), DDP striding over 2 gloo processes, the results kept
+on the device, the data readers, the hub download from an offline cache, and the command line:
+one real process on a checkpoint, and every bad input (data, model, flags) one line on stderr
+through main(). The model of the scoring tests is a tiny causal LM defined here."""
 
 import copy
 import hashlib
 import json
 import os
 import random
-import signal
-import subprocess
 import sys
-import time
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,16 +20,16 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from conftest import finish, one_line_error, run_main, run_program, start
 
 import hellaswag
+import train_gpt2
 from fineweb import get_tokenizer
 
-# under pytest -n N --dist loadgroup: one worker, so the module's fixtures (the processes it
-# starts all at once among them) are made once
+# under pytest -n N --dist loadgroup: one worker, so the module's fixtures are made once
 pytestmark = pytest.mark.xdist_group("hellaswag")
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
-CLI = [sys.executable, "hellaswag.py"]
 N_EXAMPLES = 21  # odd: the 2 DDP ranks score 11 and 10
 WORDS = (
     "the a man woman dog cat ball house runs jumps quickly slowly red blue under over river "
@@ -43,10 +41,10 @@ WORDS = (
 class TinyLM(nn.Module):
     """A small causal LM with the interface evaluate() takes: model(idx) -> (logits (N, L, V),
     None), .config.block_size and .config.vocab_size. The vocabulary is padded past GPT-2's
-    50257 ids, like our GPT's 50304. It records (training, grad enabled, autocast enabled) at
-    every call."""
+    50257 ids, like our GPT's 50304. It records (training, grad enabled, autocast enabled) and
+    the width L of every call."""
 
-    def __init__(self, vocab_size=50304, block_size=48, dim=16, seed=0):
+    def __init__(self, vocab_size=50304, block_size=64, dim=16, seed=0):
         super().__init__()
         torch.manual_seed(seed)
         self.config = SimpleNamespace(block_size=block_size, vocab_size=vocab_size)
@@ -55,10 +53,12 @@ class TinyLM(nn.Module):
         self.qkv = nn.Linear(dim, 3 * dim)
         self.head = nn.Linear(dim, vocab_size)
         self.calls = []
+        self.widths = []
 
     def forward(self, idx):
         autocast = torch.is_autocast_enabled(idx.device.type)
         self.calls.append((self.training, torch.is_grad_enabled(), autocast))
+        self.widths.append(idx.size(1))
         pos = torch.arange(idx.size(1), device=idx.device)
         x = self.wte(idx) + self.wpe(pos)  # (N, L, C)
         q, k, v = self.qkv(x).chunk(3, dim=-1)
@@ -68,7 +68,8 @@ class TinyLM(nn.Module):
 
 
 def synthetic_examples(n, seed=0):
-    """Random-word examples with contexts and endings of different lengths."""
+    """Random-word examples with contexts and endings of different lengths: rows of about 5 to
+    45 tokens, so that batches take more than one width."""
     rng = random.Random(seed)
 
     def words(lo, hi):
@@ -76,9 +77,14 @@ def synthetic_examples(n, seed=0):
 
     examples = []
     for _ in range(n):
-        endings = [words(1, 8) + "." for _ in range(4)]
+        endings = []
+        # 4 different endings: two alike would tie
+        while len(endings) < 4:
+            ending = words(1, 8) + "."
+            if ending not in endings:
+                endings.append(ending)
         label = rng.randrange(4)
-        examples.append({"ctx": words(3, 12).capitalize(), "endings": endings, "label": label})
+        examples.append({"ctx": words(3, 30).capitalize(), "endings": endings, "label": label})
     return examples
 
 
@@ -173,12 +179,6 @@ def alone(model, examples, enc):
 # rendering
 
 
-def test_importing_installs_no_signal_handler():
-    # only the command line (__main__) catches stop signals
-    handlers = [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)]
-    assert hellaswag.stop not in handlers
-
-
 def test_render_example_rows_mask_and_padding(enc):
     example = {
         "ctx": "A man is sitting on a roof. He",
@@ -207,40 +207,32 @@ def test_text_spelling_the_special_token_stays_text(enc):
 
 def test_prepare_lays_out_rows_shortest_first(prepared, examples, enc):
     n = len(examples)
-    assert prepared["tokens"].shape == prepared["mask"].shape
-    assert prepared["tokens"].size(0) == 4 * n
+    assert prepared["tokens"].size(0) == prepared["start"].size(0) == 4 * n
     assert prepared["labels"].tolist() == [ex["label"] for ex in examples]
     assert prepared["n_vocab"] == enc.n_vocab
     # row 4 * i + j is example i's ending j, as render_example has it
     tokens, mask, _ = hellaswag.render_example(examples[5], enc)
     width = tokens.size(1)
     assert torch.equal(prepared["tokens"][20:24, :width], tokens)
-    assert torch.equal(prepared["mask"][20:24, :width], mask)
-    assert not prepared["mask"][20:24, width:].any()
-    length = prepared["length"][prepared["order"]]
+    assert not prepared["tokens"][20:24, width:].any()
+    for j in range(4):
+        start = int(prepared["start"][20 + j])
+        count = int(prepared["count"][20 + j])
+        assert mask[j].tolist() == [0] * start + [1] * count + [0] * (width - start - count)
+    length = (prepared["start"] + prepared["count"])[prepared["order"]]
     assert length.tolist() == sorted(length.tolist())
-
-    def cells(rows):
-        """Tokens in batches of 8 of these rows, each batch cut to its longest row."""
-        batches = [rows[i : i + 8] for i in range(0, len(rows), 8)]
-        return sum(len(b) * int(prepared["length"][b].max()) for b in batches)
-
-    # batches of 8 shortest-first rows carry little padding; in file order, much more
-    total = int(length.sum())
-    assert cells(prepared["order"]) < 1.05 * total
-    assert cells(torch.arange(4 * n)) > 1.2 * total
 
 
 def test_prepare_refuses_what_cannot_be_scored(examples, enc):
     empty = {"ctx": "", "endings": ["a", "b", "c", "d"], "label": 0}
     with pytest.raises(ValueError) as info:
-        hellaswag.prepare(examples[:2] + [empty], enc, 48)
+        hellaswag.prepare(examples[:2] + [empty], enc, 64)
     assert str(info.value) == "example 2: the context is empty"
-    long = {"ctx": " ".join(["He runs."] * 20), "endings": ["a", "b", "c", "a b"], "label": 0}
+    long = {"ctx": " ".join(["He runs."] * 30), "endings": ["a", "b", "c", "a b"], "label": 0}
     n = len(enc.encode_ordinary(long["ctx"] + " a b"))
     with pytest.raises(ValueError) as info:
-        hellaswag.prepare(examples[:2] + [long], enc, 48)
-    message = f"example 2: context + ending is {n} tokens, more than block_size 48"
+        hellaswag.prepare(examples[:2] + [long], enc, 64)
+    message = f"example 2: context + ending is {n} tokens, more than block_size 64"
     assert str(info.value) == message
     assert hellaswag.prepare([long], enc, n)["tokens"].size(1) == n
 
@@ -274,6 +266,21 @@ def test_batched_picks_are_those_of_each_example_alone(model, prepared, alone, e
         "acc_norm": (picks_norm == labels).sum().item() / N_EXAMPLES,
     }
     assert 0 < result["acc"] < 1 and 0 < result["acc_norm"] < 1
+
+
+def test_batches_take_a_few_widths(model, prepared):
+    """Each batch's width is its longest row rounded up to WIDTH_STEP (within the longest row of
+    all): on a GPU each width builds its own attention kernels."""
+    length = (prepared["start"] + prepared["count"])[prepared["order"]].tolist()
+    longest = prepared["tokens"].size(1)
+    assert len(set(length)) > 10 and longest > hellaswag.WIDTH_STEP  # widths to round
+    model.widths.clear()
+    hellaswag.ending_losses(model, prepared, "cpu", batch_rows=4)
+    step = hellaswag.WIDTH_STEP
+    for first, width in zip(range(0, len(length), 4), model.widths):
+        batch = max(length[first : first + 4])
+        assert width == min(-(-batch // step) * step, longest), (batch, width)
+    assert set(model.widths) == {step, longest}
 
 
 def test_padded_vocabulary_ids_are_left_out_of_the_softmax(model, few, enc):
@@ -323,8 +330,8 @@ def test_eval_mode_no_grad_autocast_and_the_mode_restored(model, few):
 
 
 def test_results_stay_on_the_device_until_one_sync_at_the_end(model, few, monkeypatch):
-    """Every way a tensor's value reaches Python is counted: as many with 8 batches as with one
-    (the batch plan's widths and the final counts), none per batch."""
+    """Every way a tensor's value reaches Python is counted: the same with 8 batches as with one
+    (the batch plan read from the CPU tensors, and the final counts), none per batch."""
     seen = []
 
     def counting(name):
@@ -346,7 +353,8 @@ def test_results_stay_on_the_device_until_one_sync_at_the_end(model, few, monkey
         hellaswag.evaluate(model, few, "cpu", batch_rows=batch_rows)
         counts.append((len(model.calls), list(seen)))
     monkeypatch.undo()
-    assert counts == [(8, ["tolist", "tolist"]), (1, ["tolist", "tolist"])]
+    assert [n for n, _ in counts] == [8, 1]
+    assert counts[0][1] == counts[1][1] and len(counts[0][1]) < 8
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -371,7 +379,26 @@ def test_on_a_gpu_one_sync_and_the_picks_of_the_cpu(model, prepared, alone):
 
 
 # ----------------------------------------------------------------------------------------------
-# data files
+# data files (their bad input: test_bad_input_is_one_line)
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def hub_cache(root, parquet):
+    """A hub cache as hf_hub_download leaves it: refs/<revision> names the commit (so
+    refs/refs/convert/parquet for the parquet branch), the snapshot links to the blob."""
+    repo = root / "datasets--Rowan--hellaswag"
+    ref = repo / "refs" / "refs" / "convert" / "parquet"
+    ref.parent.mkdir(parents=True)
+    ref.write_text(COMMIT)
+    data = parquet.read_bytes()
+    blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
+    blob.parent.mkdir()
+    blob.write_bytes(data)
+    snapshot = repo / "snapshots" / COMMIT / "default" / "validation" / "0000.parquet"
+    snapshot.parent.mkdir(parents=True)
+    snapshot.symlink_to(os.path.relpath(blob, snapshot.parent))
+    return snapshot
 
 
 def test_reads_rowanz_jsonl_and_hf_parquet(tmp_path, examples):
@@ -381,73 +408,23 @@ def test_reads_rowanz_jsonl_and_hf_parquet(tmp_path, examples):
     assert hellaswag.load_examples(jsonl) == examples
     assert hellaswag.load_examples(str(parquet)) == examples
     assert hellaswag.load_examples(parquet, limit=3) == examples[:3]
+    # a string label, as HF keeps it, is fine in a .jsonl too
+    jsonl.write_text(json.dumps({**examples[0], "label": "2"}) + "\n")
+    assert hellaswag.load_examples(jsonl) == [{**examples[0], "label": 2}]
 
 
-GOOD = {"ctx": "A man", "endings": ["a", "b", "c", "d"], "label": 1}
+def test_val_split_comes_from_an_offline_hub_cache(tmp_path, examples, monkeypatch):
+    from huggingface_hub import constants
 
-
-@pytest.mark.parametrize(
-    "line, message",
-    [
-        ('{"ctx": "A man", "endings": ["a", "b"', "not JSON (Expecting ',' delimiter)"),
-        ("[1, 2]", "need an object with keys ctx, endings, label"),
-        ({"ctx": "A man", "endings": ["a", "b", "c", "d"]}, "need an object with keys"),
-        ({**GOOD, "endings": ["a", "b", "c"]}, "need a string ctx and 4 string endings"),
-        ({**GOOD, "endings": ["a", "b", "c", 4]}, "need a string ctx and 4 string endings"),
-        ({**GOOD, "ctx": None}, "need a string ctx and 4 string endings"),
-        ({**GOOD, "label": 4}, "label 4 is not 0..3"),
-        ({**GOOD, "label": True}, "label True is not 0..3"),
-        ({**GOOD, "label": "1"}, None),  # a string label, as HF keeps it, is fine
-    ],
-)
-def test_malformed_jsonl_lines_are_one_line_naming_file_and_line(tmp_path, line, message):
-    path = tmp_path / "bad.jsonl"
-    text = line if isinstance(line, str) else json.dumps(line)
-    path.write_text(json.dumps(GOOD) + "\n" + text + "\n")
-    if message is None:
-        assert hellaswag.load_examples(path)[1] == GOOD
-        return
-    with pytest.raises(ValueError) as info:
-        hellaswag.load_examples(path)
-    assert str(info.value).startswith(f"{path}:2: {message}")
-    assert "\n" not in str(info.value)
-
-
-def test_malformed_parquet_is_one_line_naming_file_and_row(tmp_path, examples):
-    path = tmp_path / "bad.parquet"
-    rows = examples[:3]
-    rows[1] = {**rows[1], "label": ""}  # HF's test split: no labels
-    write_hf_parquet(path, rows)
-    with pytest.raises(ValueError, match=r"bad.parquet: row 1: label '' is not 0..3 \(the test"):
-        hellaswag.load_examples(path)
-    pq.write_table(pa.table({"ctx": ["x"], "endings": [["a"] * 4]}), path)
-    with pytest.raises(ValueError, match="bad.parquet: no column 'label'"):
-        hellaswag.load_examples(path)
-    path.write_bytes(b"PAR1 not really parquet")
-    with pytest.raises(ValueError, match="bad.parquet"):
-        hellaswag.load_examples(path)
-
-
-def test_unreadable_data_is_one_line(tmp_path):
-    (tmp_path / "latin1.jsonl").write_bytes(b'{"ctx": "caf\xe9"}\n')
-    (tmp_path / "empty.jsonl").write_text("\n")
-    os.mkfifo(tmp_path / "fifo.jsonl")  # would block for ever: refused
-    (tmp_path / "dir.jsonl").mkdir()
-    cases = {
-        "latin1.jsonl": "not UTF-8 text",
-        "empty.jsonl": "no examples",
-        "fifo.jsonl": "not a regular file",
-        "dir.jsonl": "not a regular file",
-        "missing.parquet": "no such file",
-    }
-    for name, message in cases.items():
-        with pytest.raises(ValueError) as info:
-            hellaswag.load_examples(tmp_path / name)
-        assert str(info.value).startswith(f"{tmp_path / name}: ") and message in str(info.value)
+    snapshot = hub_cache(tmp_path / "hub", write_hf_parquet(tmp_path / "hub.parquet", examples))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert constants.HF_HUB_OFFLINE  # conftest's environment: no network
+    assert hellaswag.download_val() == str(snapshot)
+    assert hellaswag.load_examples() == examples
 
 
 # ----------------------------------------------------------------------------------------------
-# real processes, started all at once (2 cores: each spends its first seconds importing torch)
+# DDP: two gloo processes, rank r scoring examples r::2
 
 DDP_WORKER = """
 import json, sys
@@ -470,245 +447,193 @@ print(json.dumps([result, len(model.calls)]))
 torch.distributed.destroy_process_group()
 """
 
-HUB_READER = """
-import json, hellaswag
-print(json.dumps([hellaswag.download_val(), hellaswag.load_examples()]))
-"""
-COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
-
-def hub_cache(root, parquet):
-    """A hub cache as hf_hub_download leaves it: refs/<revision> names the commit (so
-    refs/refs/convert/parquet for the parquet branch), the snapshot links to the blob."""
-    repo = root / "datasets--Rowan--hellaswag"
-    ref = repo / "refs" / "refs" / "convert" / "parquet"
-    ref.parent.mkdir(parents=True)
-    ref.write_text(COMMIT)
-    data = parquet.read_bytes()
-    blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
-    blob.parent.mkdir()
-    blob.write_bytes(data)
-    snapshot = repo / "snapshots" / COMMIT / "default" / "validation" / "0000.parquet"
-    snapshot.parent.mkdir(parents=True)
-    snapshot.symlink_to(os.path.relpath(blob, snapshot.parent))
-    return snapshot
-
-
-def child_env(tmp, **extra):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
-    env.update(HF_HUB_OFFLINE="1", HF_HOME=str(tmp / "hf_home"), OMP_NUM_THREADS="1")
-    return {**env, **extra}
-
-
-def reset_stop_signals(ignore=()):
-    """preexec_fn: stop signals at their defaults whatever the runner ignores, but `ignore`."""
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):
-        signal.signal(sig, signal.SIG_IGN if sig in ignore else signal.SIG_DFL)
-
-
-def catches(pid, sig):
-    """Whether process pid has installed a handler for sig (Linux's /proc/PID/status)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("SigCgt:"):
-            return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
-    return False
-
-
-BAD_INPUTS = {
-    "unknown flag": (["--bogus"], "unrecognized arguments: --bogus"),
-    "negative limit": (["--limit", "-3"], "need --limit >= 0"),
-    "unknown device": (["--device", "tpu"], "--device tpu: not usable here"),
-    "malformed data": (["--data", "{tmp}/bad.jsonl"], "bad.jsonl:2: label 7 is not 0..3"),
-    "offline, nothing cached": (
-        [],
-        "pass a local copy (.jsonl or .parquet) with hellaswag.py --data FILE",
-    ),
-}
-# name: (the signals sent, one after the other; those the program starts ignoring)
-SIGNALS = {
-    "SIGINT while torch loads": (["SIGINT"], []),
-    "SIGTERM while torch loads": (["SIGTERM"], []),
-    "SIGHUP ignored under nohup, then SIGTERM": (["SIGHUP", "SIGTERM"], [signal.SIGHUP]),
-}
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory, examples, model):
-    """Every process this module starts, started at once: name -> dict(code, out, err, alive),
-    alive: whether it still ran 0.3 s after each signal sent; and the hub cache's snapshot."""
-    tmp = tmp_path_factory.mktemp("runs")
-    (tmp / "val.jsonl").write_text(rowanz(examples))
-    (tmp / "bad.jsonl").write_text(rowanz([GOOD, {**GOOD, "label": 7}]))
-    # many examples: a stopped run is still busy, however late its signal comes
-    (tmp / "big.jsonl").write_text(rowanz(examples) * 500)
-    snapshot = hub_cache(tmp / "hub", write_hf_parquet(tmp / "hub.parquet", examples))
-    torch.save(model.state_dict(), tmp / "state.pt")
-    worker = tmp / "ddp_worker.py"
-    fields = dict(root=str(ROOT), tests=str(TESTS), init=tmp / "init", state=str(tmp / "state.pt"))
-    worker.write_text(DDP_WORKER.format(data=str(tmp / "val.jsonl"), **fields))
-
-    procs = {}
-
-    def start(name, argv, env=None, ignore=()):
-        procs[name] = subprocess.Popen(
-            argv,
-            cwd=ROOT,
-            env=env or child_env(tmp),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            preexec_fn=lambda: reset_stop_signals(ignore),
-        )
-
-    for name, (_, ignored) in SIGNALS.items():
-        start(name, CLI + ["--data", str(tmp / "big.jsonl")], ignore=ignored)
-    for name, (args, _) in BAD_INPUTS.items():
-        start(name, CLI + [a.format(tmp=tmp) for a in args])
-    for rank in range(2):
-        start(f"ddp rank {rank}", [sys.executable, str(worker), str(rank)])
-    start(
-        "hub cache",
-        [sys.executable, "-c", HUB_READER],
-        child_env(tmp, HF_HUB_CACHE=str(tmp / "hub")),
-    )
-
-    alive = {name: [] for name in procs}
-    for name, (signals, _) in SIGNALS.items():
-        proc = procs[name]
-        deadline = time.monotonic() + 60
-        # hellaswag.py's handlers go in before torch's import: the last one is SIGUSR1's
-        while not catches(proc.pid, signal.SIGUSR1) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        for sig in signals:
-            proc.send_signal(getattr(signal, sig))
-            time.sleep(0.3)
-            alive[name].append(proc.poll() is None)
-    done = {}
-    for name, proc in procs.items():
-        out, err = proc.communicate(timeout=120)
-        done[name] = dict(code=proc.returncode, out=out, err=err, alive=alive[name])
-    return dict(procs=done, snapshot=snapshot)
-
-
-@pytest.mark.parametrize("name", sorted(BAD_INPUTS))
-def test_cli_bad_input_is_one_line(runs, name):
-    run = runs["procs"][name]
-    assert run["code"] != 0 and run["out"] == "", run
-    assert run["err"].count("\n") == 1, run["err"]
-    assert run["err"].startswith("hellaswag.py: error: "), run["err"]
-    assert BAD_INPUTS[name][1] in run["err"], run["err"]
-
-
-@pytest.mark.parametrize(
-    "argv, message",
-    [
-        (["--dtype", "float16"], "argument --dtype: invalid choice: 'float16'"),
-        (["--limit", "x"], "argument --limit: invalid int value: 'x'"),
-        (["--batch_rows", "0"], "--batch_rows >= 1"),
-        (["--device", "cuda:99"], "--device cuda:99: not usable here"),
-        (["--device", "cuda:x"], "--device cuda:x: not usable here"),
-        (["--data", "{tmp}/missing.jsonl"], "missing.jsonl: no such file"),
-        (["--data", "{tmp}/nolabel.parquet"], "nolabel.parquet: no column 'label'"),
-    ],
-)
-def test_more_bad_input_in_process(tmp_path, capsys, argv, message):
-    """main() as the processes above run it: more of the same one-line errors, cheaper."""
-    pq.write_table(pa.table({"ctx": ["x"], "endings": [["a"] * 4]}), tmp_path / "nolabel.parquet")
-    with pytest.raises(SystemExit) as info:
-        hellaswag.main([a.format(tmp=tmp_path) for a in argv])
-    # argparse prints its line; ours is sys.exit's message
-    err = capsys.readouterr().err or f"{info.value.code}\n"
-    assert err.count("\n") == 1 and err.startswith("hellaswag.py: error: "), err
-    assert message in err, err
-
-
-@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc/PID/status")
-@pytest.mark.parametrize("name", sorted(SIGNALS))
-def test_cli_stop_signal_is_one_line(runs, name):
-    run = runs["procs"][name]
-    last = SIGNALS[name][0][-1]
-    assert (run["code"], run["out"]) == (1, ""), run
-    assert run["err"] == f"hellaswag.py: stopped by {last}\n"
-
-
-@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc/PID/status")
-def test_cli_ignored_sighup_stays_ignored(runs):
-    run = runs["procs"]["SIGHUP ignored under nohup, then SIGTERM"]
-    assert run["alive"][0], "SIGHUP stopped it"
-    assert run["err"] == "hellaswag.py: stopped by SIGTERM\n"
-
-
-def test_ddp_two_ranks_give_the_single_process_result(runs, model, prepared):
+def test_ddp_two_ranks_give_the_single_process_result(tmp_path, examples, model, prepared):
+    (tmp_path / "val.jsonl").write_text(rowanz(examples))
+    torch.save(model.state_dict(), tmp_path / "state.pt")
+    worker = tmp_path / "ddp_worker.py"
+    fields = dict(root=str(ROOT), tests=str(TESTS), init=tmp_path / "init")
+    fields.update(state=str(tmp_path / "state.pt"), data=str(tmp_path / "val.jsonl"))
+    worker.write_text(DDP_WORKER.format(**fields))
+    ranks = [start([sys.executable, worker], [rank]) for rank in range(2)]
     single = hellaswag.evaluate(model, prepared, "cpu", batch_rows=8)
     calls = []
-    for rank in range(2):
-        run = runs["procs"][f"ddp rank {rank}"]
-        assert run["code"] == 0, run["err"]
-        result, n_calls = json.loads(run["out"])
+    for proc in ranks:
+        code, out, err = finish(proc)
+        assert code == 0, err
+        result, n_calls = json.loads(out)
         assert result == single
         calls.append(n_calls)
     # each rank scored its own examples: 11 * 4 and 10 * 4 rows, 8 a batch
     assert calls == [6, 5]
 
 
-def test_val_split_comes_from_an_offline_hub_cache(runs, examples):
-    run = runs["procs"]["hub cache"]
-    assert run["code"] == 0, run["err"]
-    path, loaded = json.loads(run["out"])
-    assert path == str(runs["snapshot"])
-    assert loaded == examples
-
-
 # ----------------------------------------------------------------------------------------------
-# the command line on a real model (train_gpt2.load_model; the lead enables these)
+# the command line on a real model (train_gpt2.load_model)
 
 
-def make_checkpoint(path, tokenizer="gpt2"):
+def make_checkpoint(path, tokenizer="gpt2", block_size=64):
     """A tiny GPT of train_gpt2's, saved as a training run saves one (its keys: model,
     model_config, step, tokenizer as fineweb.tokenizer_info has it)."""
     import dataclasses
 
-    import train_gpt2
-
-    config = train_gpt2.GPTConfig(block_size=64, vocab_size=50304, n_layer=1, n_head=2, n_embd=16)
+    config = train_gpt2.GPTConfig(block_size, vocab_size=50304, n_layer=1, n_head=2, n_embd=16)
     ckpt = {
         "model": train_gpt2.GPT(config).state_dict(),
         "model_config": dataclasses.asdict(config),
         "step": 10,
         "tokenizer": {"tokenizer": tokenizer, "vocab": None if tokenizer == "gpt2" else "abc"},
     }
-    torch.save(ckpt, path)
+    train_gpt2.save_checkpoint(path, ckpt)
     return path
 
 
 def test_cli_on_a_checkpoint_prints_evaluate_s_result(tmp_path, examples):
-    import train_gpt2
-
+    # the plumbing, in a real process: what evaluate() gives this process, printed
     ckpt = make_checkpoint(tmp_path / "model_00010.pt")
     data = tmp_path / "val.jsonl"
     data.write_text(rowanz(examples))
     gpt, enc = train_gpt2.load_model(str(ckpt), "cpu")
     prepared = hellaswag.prepare(examples[:10], enc, gpt.config.block_size)
     expected = hellaswag.evaluate(gpt, prepared, "cpu")
-    argv = ["--model", str(ckpt), "--data", str(data), "--limit", "10", "--device", "cpu"]
-    proc = subprocess.run(
-        CLI + argv, cwd=ROOT, env=child_env(tmp_path), capture_output=True, text=True
-    )
-    assert proc.returncode == 0, proc.stderr
+    argv = ["--model", ckpt, "--data", data, "--limit", 10, "--device", "cpu"]
+    proc = run_program("hellaswag.py", argv)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     line = f"acc {expected['acc']:.4f} acc_norm {expected['acc_norm']:.4f} over 10 examples\n"
     assert proc.stdout == line
 
 
-def test_cli_refuses_a_model_of_another_tokenizer(tmp_path, examples):
-    ckpt = make_checkpoint(tmp_path / "char.pt", tokenizer="char")
-    data = tmp_path / "val.jsonl"
-    data.write_text(rowanz(examples))
-    argv = ["--model", str(ckpt), "--data", str(data), "--device", "cpu"]
-    proc = subprocess.run(
-        CLI + argv, cwd=ROOT, env=child_env(tmp_path), capture_output=True, text=True
-    )
-    assert proc.returncode == 1 and proc.stdout == ""
-    assert (
-        proc.stderr
-        == f"hellaswag.py: error: {ckpt} uses the char tokenizer; HellaSwag needs GPT-2's\n"
-    )
+GOOD = {"ctx": "A man", "endings": ["a", "b", "c", "d"], "label": 1}
+# a .jsonl file's second line: what is wrong with it
+LINES = {
+    "not JSON": ('{"ctx": "A man", "endings": ["a", "b"', "not JSON (Expecting ',' delimiter)"),
+    "a list": ("[1, 2]", "need an object with keys ctx, endings, label"),
+    "no label": ({"ctx": "A man", "endings": ["a", "b", "c", "d"]}, "need an object with keys"),
+    "3 endings": ({**GOOD, "endings": ["a", "b", "c"]}, "need a string ctx and 4 string"),
+    "a number ending": ({**GOOD, "endings": ["a", "b", "c", 4]}, "need a string ctx and 4"),
+    "no ctx": ({**GOOD, "ctx": None}, "need a string ctx and 4 string endings"),
+    "label 7": ({**GOOD, "label": 7}, "label 7 is not 0..3"),
+    "label True": ({**GOOD, "label": True}, "label True is not 0..3"),
+}
+
+
+@pytest.fixture(scope="module")
+def quiet_transformers():
+    """What main() asks of transformers through the environment, which a fresh process reads
+    when it imports it: here it may be imported already."""
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory, examples, quiet_transformers):
+    """Every bad input's file, made once: data files (a .jsonl for each of LINES, Latin-1 text,
+    a FIFO, parquet files), another program's .pt, checkpoints HellaSwag cannot use, and Hugging
+    Face directories without config.json, of a 100-token vocabulary, or with torn weights."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    root = tmp_path_factory.mktemp("inputs")
+    (root / "val.jsonl").write_text(rowanz(examples))
+    for name, (line, _) in LINES.items():
+        text = line if isinstance(line, str) else json.dumps(line)
+        (root / f"{name}.jsonl").write_text(json.dumps(GOOD) + "\n" + text + "\n")
+    (root / "latin1.jsonl").write_bytes(b'{"ctx": "caf\xe9"}\n')
+    (root / "blank.jsonl").write_text("\n")
+    os.mkfifo(root / "fifo.jsonl")  # would block for ever
+    (root / "dir.jsonl").mkdir()
+    pq.write_table(pa.table({"ctx": ["x"], "endings": [["a"] * 4]}), root / "nolabel.parquet")
+    rows = examples[:3]
+    rows[1] = {**rows[1], "label": ""}  # HF's test split: no labels
+    write_hf_parquet(root / "unlabelled.parquet", rows)
+    (root / "fake.parquet").write_bytes(b"PAR1 not really parquet")
+    torch.save({"weights": [1, 2]}, root / "foreign.pt")
+    make_checkpoint(root / "model.pt")
+    make_checkpoint(root / "char.pt", tokenizer="char")
+    make_checkpoint(root / "short.pt", block_size=8)
+    (root / "no_config").mkdir()
+    (root / "no_config" / "model.safetensors").write_bytes(b"")
+    config = GPT2Config(n_positions=64, n_embd=8, n_layer=1, n_head=2, vocab_size=100)
+    GPT2LMHeadModel(config).save_pretrained(root / "small_vocab")
+    config = GPT2Config(n_positions=64, n_embd=8, n_layer=1, n_head=2)
+    GPT2LMHeadModel(config).save_pretrained(root / "torn")
+    weights = root / "torn" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    return root
+
+
+def out_of_memory(monkeypatch):
+    # what a GPU says when a batch does not fit (a CPU rarely gets there)
+    def forward(self, idx, targets=None, kv_cache=None):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB")
+
+    monkeypatch.setattr(train_gpt2.GPT, "forward", forward)
+
+
+DATA = ["--data", "{inputs}/val.jsonl"]
+BAD_INPUTS = {
+    "unknown flag": (["--bogus"], "unrecognized arguments: --bogus"),
+    "negative limit": (["--limit", -3], "--limit must be >= 0"),
+    "limit not a number": (["--limit", "x"], "argument --limit: invalid int value: 'x'"),
+    "no rows a batch": (["--batch_rows", 0], "--batch_rows must be >= 1"),
+    "float16": (["--dtype", "float16"], "argument --dtype: invalid choice: 'float16'"),
+    "empty model": (["--model", ""], "--model is empty"),
+    "empty data": (["--data", ""], "--data is empty"),
+    "unknown device": (["--device", "tpu"], "--device tpu: not cpu, cuda, cuda:N or mps"),
+    "absent GPU": (["--device", "cuda:99"], "--device cuda:99: this"),
+    "offline, nothing cached": ([], "pass a local copy (.jsonl or .parquet) with hellaswag.py"),
+    "missing data": (["--data", "{inputs}/none.jsonl"], "none.jsonl: no such file"),
+    "Latin-1": (["--data", "{inputs}/latin1.jsonl"], "latin1.jsonl: not UTF-8 text"),
+    "no examples": (["--data", "{inputs}/blank.jsonl"], "blank.jsonl: no examples"),
+    "FIFO": (["--data", "{inputs}/fifo.jsonl"], "fifo.jsonl: no such file, or not a regular"),
+    "directory": (["--data", "{inputs}/dir.jsonl"], "dir.jsonl: no such file, or not a regular"),
+    **{
+        f"line: {name}": (["--data", f"{{inputs}}/{name}.jsonl"], f"{name}.jsonl:2: {message}")
+        for name, (_, message) in LINES.items()
+    },
+    "parquet without labels": (
+        ["--data", "{inputs}/nolabel.parquet"],
+        "nolabel.parquet: no column 'label' (need ctx, endings, label)",
+    ),
+    "parquet of the test split": (
+        ["--data", "{inputs}/unlabelled.parquet"],
+        "unlabelled.parquet: row 1: label '' is not 0..3 (the test split has none)",
+    ),
+    "not parquet": (["--data", "{inputs}/fake.parquet"], "fake.parquet"),
+    "another program's .pt": (
+        [*DATA, "--model", "{inputs}/foreign.pt"],
+        "foreign.pt is not a train_gpt2.py checkpoint",
+    ),
+    "a character model": (
+        [*DATA, "--model", "{inputs}/char.pt"],
+        "char.pt uses the char tokenizer; HellaSwag needs GPT-2's",
+    ),
+    "a short context": (
+        [*DATA, "--model", "{inputs}/short.pt"],
+        "tokens, more than block_size 8",
+    ),
+    "no config.json": ([*DATA, "--model", "{inputs}/no_config"], "transformers cannot load it"),
+    "another vocabulary": (
+        [*DATA, "--model", "{inputs}/small_vocab"],
+        "small_vocab: a vocabulary of 100 tokens, not GPT-2's 50,257",
+    ),
+    "torn weights": ([*DATA, "--model", "{inputs}/torn"], "torn: transformers cannot load it"),
+    "no such directory": ([*DATA, "--model", "{inputs}/none"], "none: no such directory"),
+    "out of memory": (
+        [*DATA, "--model", "{inputs}/model.pt"],
+        "out of cpu memory with --batch_rows 64: lower it",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", BAD_INPUTS)
+def test_bad_input_is_one_line(inputs, capsys, monkeypatch, name):
+    args, message = BAD_INPUTS[name]
+    if name == "out of memory":
+        out_of_memory(monkeypatch)
+    before = sorted(p.name for p in inputs.iterdir())
+    argv = ["--device", "cpu"] + [str(a).format(inputs=inputs) for a in args]
+    code, err = run_main(hellaswag.main, argv, capsys)
+    one_line_error(code, err, "hellaswag.py", message)
+    assert sorted(p.name for p in inputs.iterdir()) == before  # nothing written

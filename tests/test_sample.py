@@ -1,22 +1,19 @@
-"""sample.py as a user runs it, each run a real process: the samples of a checkpoint that
-train_gpt2.py wrote (those of train_gpt2.sample_texts, seeded), --max_length counting the
-prompt, a Hugging Face directory with GPT-2's tokenizer, bad input as one line on stderr, and
-the stop signals (one line, no traceback; one started ignored stays ignored)."""
+"""sample.py: the samples of a checkpoint that train_gpt2.py wrote are train_gpt2.sample_texts'
+(seeded, in any process); the default is a number of new tokens, --max_length counts the prompt;
+a Hugging Face directory brings GPT-2's tokenizer; bad input, a model it cannot sample and an
+absurd size are one line on stderr (through main(), in this process)."""
 
 import re
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, child_env, make_corpus, run_program, tiny_flags
+from conftest import make_corpus, one_line_error, run_main, run_program, tiny_config
 
+import export_hf
+import sample
 import train_gpt2
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # as the child processes run
+pytestmark = pytest.mark.usefixtures("one_thread")  # as the child process runs
 
 # a play's scenes: documents with the characters of the default prompt
 SCENE = """SCENE {i}.
@@ -30,12 +27,17 @@ What's in a name? That which we call a rose by any other name would smell as swe
 MERCUTIO:
 I am hurt. A plague o' both your houses! I am sped. Is he gone, and hath nothing?
 """
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
-PIPES = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+PROMPT = "Hello, I'm a language model,"
 
 
-def program(name, *flags):
-    return run_program(name, flags)
+@pytest.fixture(scope="module", autouse=True)
+def quiet_transformers():
+    """What main() asks of transformers through the environment, which a fresh process reads
+    when it imports it: here it may be imported already."""
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
 
 
 @pytest.fixture(scope="module")
@@ -43,10 +45,15 @@ def checkpoint(tmp_path_factory):
     """A 2-layer character model (block_size 32) trained 4 steps by train_gpt2.py."""
     root = tmp_path_factory.mktemp("sample")
     data = make_corpus(root / "play", [SCENE.format(i=i) for i in range(40)])
-    flags = tiny_flags(data, root / "log", seq_len=32, max_steps=4)
-    trained = run_program("train_gpt2.py", flags)
-    assert trained.returncode == 0, trained.stderr
+    train_gpt2.train(tiny_config(data, root / "log", seq_len=32, max_steps=4), log=lambda *a: None)
     return root / "log" / "model_00004.pt"
+
+
+@pytest.fixture(scope="module")
+def model(checkpoint):
+    model, enc = train_gpt2.load_model(checkpoint)
+    assert enc.name == "char" and model.config.block_size == 32
+    return model, enc
 
 
 def samples(stdout):
@@ -57,46 +64,52 @@ def samples(stdout):
     return [text[:-1] for text in parts[2::2]]
 
 
-def test_the_demo_defaults_are_sample_texts_of_the_checkpoint(checkpoint):
-    proc = program("sample.py", "--init_from", checkpoint, "--device", "cpu")
-    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
-    texts = samples(proc.stdout)
-    # 5 sequences of 30 tokens, the prompt's included (a character model: a token a character)
-    prompt = "Hello, I'm a language model,"
-    assert len(texts) == 5 and all(len(t) == 30 and t.startswith(prompt) for t in texts)
+def sample_main(argv, capsys):
+    """sample.main(argv) in this process: the samples it prints."""
+    sample.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    assert err == "", err
+    return samples(out)
+
+
+def test_the_default_is_new_tokens_and_max_length_counts_the_prompt(checkpoint, model, capsys):
+    model, enc = model
+    texts = sample_main(["--init_from", checkpoint, "--device", "cpu"], capsys)
+    # 5 samples of the prompt and 100 new tokens (a character model: a token a character), past
+    # block_size (32) the window slides
+    assert len(texts) == 5 and all(len(t) == len(PROMPT) + 100 for t in texts)
     # what training prints as its samples: seed 42, top-k 50, temperature 1
-    model, enc = train_gpt2.load_model(checkpoint)
-    assert enc.name == "char" and model.config.block_size == 32
-    assert texts == train_gpt2.sample_texts(model, enc, prompt, 5, 30 - len(prompt))
-
-
-def test_a_seed_gives_the_same_text_in_any_process(checkpoint):
-    flags = ["--init_from", checkpoint, "--prompt", "ROMEO:", "--max_new_tokens", 40]
-    proc = program("sample.py", *flags, "--num_samples", 3, "--seed", 7)
-    assert proc.returncode == 0, proc.stderr
-    texts = samples(proc.stdout)
-    # past block_size (32) the window slides: 6 + 40 characters
-    assert all(len(t) == 46 and t.startswith("ROMEO:") for t in texts)
+    assert texts == train_gpt2.sample_texts(model, enc, PROMPT, 5, 100)
     assert len(set(texts)) > 1  # the samples of one run differ from each other
-    # this process draws the same with seed 7, other text with seed 8
-    model, enc = train_gpt2.load_model(checkpoint)
-    assert texts == train_gpt2.sample_texts(model, enc, "ROMEO:", 3, 40, seed=7)
-    assert texts != train_gpt2.sample_texts(model, enc, "ROMEO:", 3, 40, seed=8)
+    # the course's demo: 30 tokens a sample, the prompt's included
+    texts = sample_main(["--init_from", checkpoint, "--max_length", 30], capsys)
+    assert texts == train_gpt2.sample_texts(model, enc, PROMPT, 5, 30 - len(PROMPT))
 
 
-def test_temperature_0_is_greedy(checkpoint):
-    flags = ["--init_from", checkpoint, "--prompt", "JULIET:", "--max_length", 20]
-    proc = program("sample.py", *flags, "--temperature", 0, "--num_samples", 3)
-    assert proc.returncode == 0, proc.stderr
-    texts = samples(proc.stdout)
-    assert len(texts) == 3 and len(set(texts)) == 1 and len(texts[0]) == 20
-    # top-k 1 at any temperature draws the likeliest token too
-    model, enc = train_gpt2.load_model(checkpoint)
-    assert texts[:1] == train_gpt2.sample_texts(model, enc, "JULIET:", 1, 13, top_k=1, seed=3)
+def test_seed_and_temperature_0(checkpoint, model, capsys):
+    model, enc = model
+    flags = ["--init_from", checkpoint, "--prompt", "ROMEO:", "--max_new_tokens", 40]
+    seeded = sample_main(flags + ["--num_samples", 3, "--seed", 7], capsys)
+    assert all(len(t) == 46 and t.startswith("ROMEO:") for t in seeded)
+    assert seeded == train_gpt2.sample_texts(model, enc, "ROMEO:", 3, 40, seed=7)
+    assert seeded != train_gpt2.sample_texts(model, enc, "ROMEO:", 3, 40, seed=8)
+    # greedy: every sample the same, as top-k 1 at any temperature and seed
+    greedy = sample_main(flags + ["--temperature", 0, "--num_samples", 3], capsys)
+    assert len(set(greedy)) == 1
+    assert greedy[:1] == train_gpt2.sample_texts(model, enc, "ROMEO:", 1, 40, top_k=1, seed=3)
+
+
+def test_the_command_line_in_its_own_process(checkpoint, model):
+    # the plumbing: a real process prints what this process samples with the same seed
+    model, enc = model
+    flags = ["--init_from", checkpoint, "--prompt", "JULIET:", "--max_new_tokens", 20]
+    proc = run_program("sample.py", flags + ["--num_samples", 2, "--seed", 5])
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert samples(proc.stdout) == train_gpt2.sample_texts(model, enc, "JULIET:", 2, 20, seed=5)
 
 
 @pytest.mark.gpt2_contract  # GPT-2's weights, imported: a model edit changes what loads
-def test_a_hugging_face_directory_samples_gpt2_tokens(tmp_path):
+def test_a_hugging_face_directory_samples_gpt2_tokens(tmp_path, capsys):
     """A GPT2LMHeadModel directory brings GPT-2's tokenizer; an empty prompt is <|endoftext|>
     alone, one token of --max_length."""
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -105,77 +118,76 @@ def test_a_hugging_face_directory_samples_gpt2_tokens(tmp_path):
     config = GPT2Config(n_positions=32, n_embd=8, n_layer=1, n_head=2)
     GPT2LMHeadModel(config).save_pretrained(tmp_path / "hf")
     flags = ["--init_from", tmp_path / "hf", "--prompt", "", "--max_length", 4]
-    proc = program("sample.py", *flags, "--num_samples", 2)
-    assert proc.returncode == 0, proc.stderr
-    texts = samples(proc.stdout)
+    texts = sample_main(flags + ["--num_samples", 2], capsys)
     model, enc = train_gpt2.load_model(tmp_path / "hf")
     assert len(texts) == 2 and all(t.startswith("<|endoftext|>") for t in texts)
     # 4 tokens: <|endoftext|> and 3 sampled ones
     assert texts == train_gpt2.sample_texts(model, enc, "", 2, 3)
 
 
-def test_bad_input_is_one_line(checkpoint, tmp_path):
-    (tmp_path / "notes.txt").write_text("not a model\n")
-    torch.save({"weights": [1, 2]}, tmp_path / "foreign.pt")
-    cases = [
-        (["--bogus"], "unrecognized arguments: --bogus"),
-        (["--max_length", 10, "--max_new_tokens", 3], "not allowed with argument"),
-        (["--temperature", -0.5], "--temperature must be >= 0"),
-        (["--prompt", "ROMEO:", "--max_length", 6], "the prompt is 6 tokens: --max_length 6"),
-        (["--prompt", "a" * 40, "--max_new_tokens", 2], "the prompt must be 1 to 31 tokens"),
-        (["--prompt", "\N{EURO SIGN}", "--max_new_tokens", 2], "is not in the vocabulary"),
-        (["--init_from", tmp_path / "notes.txt"], "not a checkpoint (.pt)"),
-        (["--init_from", tmp_path / "gone" / "model.pt"], "no such file or directory"),
-        (["--init_from", tmp_path / "foreign.pt"], "not a train_gpt2.py checkpoint"),
+@pytest.fixture(scope="module")
+def inputs(checkpoint, tmp_path_factory):
+    """The files of the bad inputs, made once: a text file, another program's .pt, a truncated
+    checkpoint, and the character model as export_hf.py writes it (a 40-token vocabulary)."""
+    root = tmp_path_factory.mktemp("inputs")
+    (root / "notes.txt").write_text("not a model\n")
+    torch.save({"weights": [1, 2]}, root / "foreign.pt")
+    (root / "torn.pt").write_bytes(checkpoint.read_bytes()[:-1000])
+    export_hf.export_hf(checkpoint, root / "char_hf")
+    return root
+
+
+BAD_INPUTS = {
+    "unknown flag": (["--bogus"], "unrecognized arguments: --bogus"),
+    "both lengths": (["--max_length", 10, "--max_new_tokens", 3], "not allowed with argument"),
+    "no samples": (["--num_samples", 0], "--num_samples must be in 1 .. 2**63 - 1"),
+    "too many to count": (["--num_samples", 2**63], "--num_samples must be in 1 .. 2**63 - 1"),
+    "no new tokens": (["--max_new_tokens", 0], "--max_new_tokens must be >= 1"),
+    "negative top-k": (["--top_k", -1], "--top_k must be >= 0"),
+    "negative temperature": (["--temperature", -0.5], "--temperature must be 0 (greedy) or"),
+    "temperature float32 takes for 0": (["--temperature", 1e-50], "a finite number >= 1e-6"),
+    "temperature nan": (["--temperature", "nan"], "--temperature must be 0 (greedy) or"),
+    "negative seed": (["--seed", -1], "--seed must be in 0 .. 2**63 - 1"),
+    "empty init_from": (["--init_from", ""], "--init_from is empty"),
+    "unknown device": (["--device", "tpu"], "--device tpu: not cpu, cuda, cuda:N or mps"),
+    "absent GPU": (["--device", "cuda:99"], "--device cuda:99: this"),
+    "prompt fills max_length": (
+        ["--prompt", "ROMEO:", "--max_length", 6],
+        "the prompt is 6 tokens: --max_length 6 leaves none to sample",
+    ),
+    "prompt past the context": (
+        ["--prompt", "a" * 40],
+        "--prompt is 40 tokens: the model's context is 32 tokens, so the prompt must be 31",
+    ),
+    "character the model never saw": (
+        ["--prompt", "\N{EURO SIGN}"],
+        "--prompt: character '\N{EURO SIGN}' is not in the vocabulary of",
+    ),
+    "empty prompt, no <|endoftext|>": (["--prompt", ""], "--prompt is empty, and this model"),
+    "absurd number of samples": (
+        ["--num_samples", 10**12],
+        "--num_samples 1000000000000 of 128 tokens do not fit in cpu's memory",
+    ),
+    "samples past int64": (["--num_samples", 2**62], "do not fit in cpu's memory"),
+    "a text file": (["--init_from", "{inputs}/notes.txt"], "not a checkpoint (.pt), nor a"),
+    "missing file": (["--init_from", "{inputs}/gone/model.pt"], "no such file or directory"),
+    "another program's .pt": (["--init_from", "{inputs}/foreign.pt"], "not a train_gpt2.py"),
+    "truncated checkpoint": (["--init_from", "{inputs}/torn.pt"], "is damaged, or not a"),
+    "exported character model": (
+        ["--init_from", "{inputs}/char_hf"],
+        "not GPT-2's 50,257: load the .pt checkpoint it was exported from",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", BAD_INPUTS)
+def test_bad_input_is_one_line(checkpoint, inputs, capsys, name):
+    args, message = BAD_INPUTS[name]
+    before = sorted(p.name for p in inputs.iterdir())
+    argv = ["--init_from", checkpoint, "--device", "cpu"] + [
+        str(a).format(inputs=inputs) for a in args
     ]
-    procs = []
-    for flags, _ in cases:
-        argv = [sys.executable, "sample.py", "--init_from", checkpoint, *flags]
-        argv = [str(a) for a in argv]
-        procs.append(subprocess.Popen(argv, cwd=ROOT, env=child_env(), text=True, **PIPES))
-    for proc, (flags, expected) in zip(procs, cases):
-        out, err = proc.communicate(timeout=300)
-        assert proc.returncode != 0 and out == "", (flags, out)
-        assert err.count("\n") == 1 and err.startswith("sample.py: error: "), (flags, err)
-        assert expected in err, (flags, err)
-
-
-def start(flags, ignored=()):
-    """sample.py started with every stop signal at its default, but `ignored` ignored, as a
-    shell starts a job; returned once its handlers are in (its SigCgt has SIGTERM), with torch
-    still to import."""
-
-    def preexec():
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, signal.SIG_IGN if sig in ignored else signal.SIG_DFL)
-
-    argv = [sys.executable, "sample.py", *map(str, flags)]
-    proc = subprocess.Popen(argv, cwd=ROOT, env=child_env(), text=True, preexec_fn=preexec, **PIPES)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        status = Path(f"/proc/{proc.pid}/status").read_text()
-        caught = int(re.search(r"SigCgt:\s*([0-9a-f]+)", status).group(1), 16)
-        if caught >> (signal.SIGTERM - 1) & 1:
-            return proc
-        time.sleep(0.005)
-    raise AssertionError("sample.py never caught its stop signals")
-
-
-@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc")
-def test_stop_signals_end_it_in_one_line(checkpoint):
-    # while torch imports
-    importing = start(["--init_from", checkpoint])
-    importing.send_signal(signal.SIGINT)
-    # while sampling (or still loading: any moment is the same)
-    sampling = start(["--init_from", checkpoint, "--max_new_tokens", 10**7, "--num_samples", 1])
-    time.sleep(3)
-    sampling.send_signal(signal.SIGTERM)
-    # SIGHUP ignored from the start (nohup): the run goes on to its samples
-    nohup = start(["--init_from", checkpoint, "--num_samples", 2], ignored=[signal.SIGHUP])
-    nohup.send_signal(signal.SIGHUP)
-    for proc, sig in ((importing, signal.SIGINT), (sampling, signal.SIGTERM)):
-        out, err = proc.communicate(timeout=120)
-        assert proc.returncode == 128 + sig and out == ""
-        assert err == f"sample.py: stopped by {sig.name}\n"
-    out, err = nohup.communicate(timeout=120)
-    assert nohup.returncode == 0 and err == "" and len(samples(out)) == 2
+    # the last --device and --init_from win, as a shell user's flags
+    code, err = run_main(sample.main, argv, capsys)
+    one_line_error(code, err, "sample.py", message)
+    assert sorted(p.name for p in inputs.iterdir()) == before  # nothing written
