@@ -51,20 +51,9 @@ import train_gpt2
 
 
 def load(checkpoint_path):
-    # (our model in eval mode, its tokenizer), or a one-line ValueError
-    ckpt = train_gpt2.load_checkpoint(checkpoint_path)
-    try:
-        # the run's dropout kept (for config.json); as train_gpt2.load_model, the fields of an
-        # older version's checkpoint that this GPT no longer has (its bias flag) left out
-        fields = train_gpt2.GPTConfig.__dataclass_fields__
-        saved = {k: v for k, v in ckpt["model_config"].items() if k in fields}
-        model = train_gpt2.GPT(train_gpt2.GPTConfig(**saved))
-        model.load_state_dict(ckpt["model"])
-        enc = fineweb.tokenizer_from_manifest(ckpt["tokenizer"])
-    except (KeyError, TypeError, AttributeError, RuntimeError) as e:
-        raise ValueError(
-            f"{checkpoint_path} is not a checkpoint of train_gpt2.py's GPT ({e})"
-        ) from None
+    # (our model in eval mode, with the run's dropout for config.json; its tokenizer), or a
+    # one-line ValueError
+    model, enc = train_gpt2.load_model(checkpoint_path)
     if model.config.vocab_size < enc.n_vocab:
         raise ValueError(f"{checkpoint_path}: fewer token rows than its tokenizer's ids")
     return model.eval(), enc

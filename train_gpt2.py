@@ -491,11 +491,12 @@ class Muon(torch.optim.Optimizer):
                 torch._foreach_add_([p for p, _ in pairs], list(ortho.unbind()), alpha=-lr)
 
 
-def load_model(source, device="cpu", dropout=0.0):
+def load_model(source, device="cpu", dropout=None):
     # (model, tokenizer) from one of our checkpoints (.pt), a Hugging Face GPT-2 directory or a
-    # hub name (these two with GPT-2's tokenizer); what cannot load is one ValueError line
+    # hub name (these two with GPT-2's tokenizer); what cannot load is one ValueError line. The
+    # model's dropout is `dropout`, or None: the checkpoint's (a Hugging Face model's: none).
     if not str(source).endswith(".pt"):
-        model = GPT.from_pretrained(str(source), dropout)
+        model = GPT.from_pretrained(str(source), dropout or 0.0)
         # GPT-2's tokenizer goes with it: a smaller table would be handed ids it does not hold
         if model.config.vocab_size < fineweb.GPT2_VOCAB_SIZE:
             raise ValueError(
@@ -508,11 +509,13 @@ def load_model(source, device="cpu", dropout=0.0):
         # (a checkpoint of the previous version records a bias flag too: its weights are the same)
         saved = ckpt["model_config"]
         fields = {k: v for k, v in saved.items() if k in GPTConfig.__dataclass_fields__}
-        model = GPT(GPTConfig(**{**fields, "dropout": dropout}))
+        if dropout is not None:
+            fields["dropout"] = dropout
+        model = GPT(GPTConfig(**fields))
         model.load_state_dict(ckpt["model"])
         enc = fineweb.tokenizer_from_manifest(ckpt["tokenizer"])
     except (KeyError, TypeError, AttributeError, RuntimeError) as e:
-        raise ValueError(f"{source} is not a checkpoint of this GPT ({e})") from None
+        raise ValueError(f"{source} is not a checkpoint of train_gpt2.py's GPT ({e})") from None
     return model.to(device), enc
 
 

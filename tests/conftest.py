@@ -320,6 +320,17 @@ def gpt2_corpus(tmp_path_factory):
     return make_corpus(tmp_path_factory.mktemp("corpus") / "gpt2", docs, tokenizer="gpt2")
 
 
+@pytest.fixture(scope="session")
+def quiet_transformers():
+    """What the tools' main() asks of transformers through the environment (no progress bars or
+    warnings before their one line), which a fresh process reads when it imports transformers:
+    in this process it may be imported already."""
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+
+
 @pytest.fixture
 def one_thread():
     """One torch thread: bit-level comparisons between runs in this process assume the same

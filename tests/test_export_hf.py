@@ -33,6 +33,8 @@ SUBJECTS = ["The old king", "A young woman", "The river", "Our café", "Mr. Ōno
 VERBS = ["ran", "sang", "waited", "wrote", "slept", "laughed", "counted 12,345 coins"]
 PLACES = ["by the sea", "in Paris", "under the bridge", "at 6 o'clock", "in 東京", "all night"]
 
+pytestmark = pytest.mark.usefixtures("quiet_transformers")
+
 
 def write_documents(path, n=40, seed=0):
     # n short documents of sentences, separated by two blank lines (fineweb.py's .txt format)
@@ -71,16 +73,6 @@ def char_checkpoint(path, chars, n_embd=32, seed=0):
     }
     train_gpt2.save_checkpoint(path, ckpt)
     return path
-
-
-@pytest.fixture(scope="module", autouse=True)
-def quiet_transformers():
-    """What main() asks of transformers through the environment, which a fresh process reads
-    when it imports it: here it may be imported already."""
-    import transformers
-
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
 
 
 @pytest.fixture(scope="module")

@@ -518,16 +518,6 @@ LINES = {
 
 
 @pytest.fixture(scope="module")
-def quiet_transformers():
-    """What main() asks of transformers through the environment, which a fresh process reads
-    when it imports it: here it may be imported already."""
-    import transformers
-
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
-
-
-@pytest.fixture(scope="module")
 def inputs(tmp_path_factory, examples, quiet_transformers):
     """Every bad input's file, made once: data files (a .jsonl for each of LINES, Latin-1 text,
     a FIFO, parquet files), another program's .pt, checkpoints HellaSwag cannot use, and Hugging

@@ -13,7 +13,8 @@ import export_hf
 import sample
 import train_gpt2
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # as the child process runs
+# one thread, as the child process runs; transformers quiet, as main() has it
+pytestmark = pytest.mark.usefixtures("one_thread", "quiet_transformers")
 
 # a play's scenes: documents with the characters of the default prompt
 SCENE = """SCENE {i}.
@@ -28,16 +29,6 @@ MERCUTIO:
 I am hurt. A plague o' both your houses! I am sped. Is he gone, and hath nothing?
 """
 PROMPT = "Hello, I'm a language model,"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def quiet_transformers():
-    """What main() asks of transformers through the environment, which a fresh process reads
-    when it imports it: here it may be imported already."""
-    import transformers
-
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
 
 
 @pytest.fixture(scope="module")
