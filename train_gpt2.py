@@ -342,6 +342,10 @@ class GPT(nn.Module):
         # OpenAI's GPT-2 (gpt2, gpt2-medium, gpt2-large, gpt2-xl) or a GPT2LMHeadModel directory
         from transformers import GPT2LMHeadModel
 
+        # a path that is not there, and not a hub name (`gpt2`, `openai-community/gpt2`) either
+        hub_name = re.fullmatch(r"[\w.-]+(/[\w.-]+)?", name_or_dir)
+        if not hub_name and not Path(name_or_dir).exists():
+            raise ValueError(f"{name_or_dir}: no such directory")
         try:
             hf = GPT2LMHeadModel.from_pretrained(name_or_dir)
         except Exception as e:
