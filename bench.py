@@ -263,7 +263,11 @@ def bench_val(config, B, batches, backend, device, seed):
     # backend or the eager one; its first batch apart
     torch.manual_seed(seed)
     raw = GPT(config).to(device)
-    model = torch.compile(raw, backend=backend, dynamic=False) if backend else raw
+    model = raw
+    if backend:
+        # a graph of its own, as the trainer's eval mode gets one
+        torch._dynamo.reset()
+        model = torch.compile(raw, backend=backend, dynamic=False)
     T = config.block_size
     shard = np.random.default_rng(seed).integers(0, config.vocab_size, batches * B * T + 1)
     loader = DataLoaderLite([shard.astype(np.uint16)], B, T, device=device)

@@ -137,12 +137,12 @@ def stage_step(check, B):
 
 
 def stage_val(check):
-    # bench.py's val pass over the recipe's val tokens, compiled (its first batch: the eval-mode
-    # compile) and eager (the trainer's way)
+    # bench.py's val pass over the recipe's val tokens, eager (the trainer's way) and compiled
+    # (its first batch: the eval-mode compile)
     B = check.sizes["batches"][0]
     batches = check.sizes["val_batches"]
     result = dict(tokens=batches * B * check.sizes["T"])
-    for way, backend in [("compiled", check.backend), ("eager", None)]:
+    for way, backend in [("eager", None), ("compiled", check.backend)]:
         row = bench.bench_val(check.config(), B, batches, backend, check.device, SEED)
         result[f"{way}_s"] = row["seconds"]
         result[f"{way}_first_s"] = row["first_s"]
