@@ -1,85 +1,72 @@
 """
-How fast GPT trains and samples here: one command, one table.
+How fast GPT trains, evaluates and samples here: one command, one table.
 
     python bench.py                      # a GPU: GPT-2 124M; a CPU: a tiny GPT
     python bench.py --preset gpt2-124M --batch_sizes 16,32,64
     python bench.py --preset tiny --threads 1 --json out/bench.json
 
 train: the training step of train_gpt2.py on random tokens at each
-batch size B (forward and backward, bf16 autocast on CUDA, float32
-elsewhere; gradient clipping; AdamW): the median ms/step after the
-warm-up steps, tok/s, MFU (against peak_flops: the GPUs PEAK_FLOPS
-knows) and the peak memory: allocated by torch on CUDA, on a CPU the
-process's resident high-water mark (so it only grows down the table).
-The last column is tok/s against the first row's.
+batch size B (forward and backward, bf16 autocast and torch.compile
+on CUDA, float32 elsewhere; gradient clipping; AdamW): the median
+ms/step after the warm-up steps, tok/s, MFU (GPT.flops_per_token
+against train_gpt2's peak_flops, on a GPU its table knows) and the
+peak memory: allocated by torch on CUDA, on a CPU the process's
+resident high-water mark (so it only grows down the table). The last
+column is tok/s against the first row's.
+
+evaluate: the trainer's evaluation, each piece as it runs it, at the
+largest B: the val pass (eager, as the trainer runs it, and compiled
+when the steps are), and with GPT-2's vocabulary HellaSwag on
+synthetic examples of its lengths and 4 samples of 32 tokens; ms a
+batch (a token for samples). gpt2-124M: one GPU's share of the
+recipe's evaluation on 8 GPUs.
+
+"first s" is what a first call takes beyond a later one: a compile,
+cuDNN's graphs, kernel choices; paid once a process.
 
 generate: greedy decoding of --new_tokens after a 16-token prompt,
 with the KV cache (GPT.generate) and without (the whole window re-run
 for each token): ms and tok/s, and the speed-up of the cache.
 
-Weights are random: speed does not depend on them. On a shared
-machine compare the rows of one run, not numbers across runs.
+Above the table: the versions, the device, the SDPA backends that
+run here and the peak FLOP/s. Weights are random: speed does not
+depend on them. On a shared machine compare the rows of one run, not
+numbers across runs. scripts/gpu_check.py uses this file's functions.
 """
 
 import argparse
 import json
 import os
+import platform
 import re
 import resource
-import signal
 import statistics
 import sys
 import time
+import warnings
 from pathlib import Path
 
+import numpy as np
+import torch
+import torch.nn.functional as F
 
-# a stop signal: one line on stderr, no traceback; a hard exit, as
-# nothing needs cleaning up (the JSON file is written at the end)
-def stop(signum, frame):
-    os.write(2, f"bench.py: stopped by {signal.Signals(signum).name}\n".encode())
-    os._exit(128 + signum)
-
-
-if __name__ == "__main__":
-    # before torch loads: its import takes seconds
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):
-        # one the program was started ignoring (nohup) stays so
-        if signal.getsignal(sig) != signal.SIG_IGN:
-            signal.signal(sig, stop)
-
-import torch  # noqa: E402
-
-import fineweb  # noqa: E402
-from hellaswag import pick_device  # noqa: E402
-from train_gpt2 import GPT, GPTConfig  # noqa: E402
-
-# Dense bf16 peak FLOP/s of one GPU (vendors' datasheets), MFU's
-# denominator; the first name that matches wins
-PEAK_FLOPS = [
-    ("H100 PCIe", 756e12),
-    ("H100 NVL", 835e12),
-    ("H200 NVL", 835e12),
-    ("GH200", 989e12),
-    ("H100", 989e12),
-    ("H200", 989e12),
-    ("B200", 2250e12),
-    ("A100", 312e12),
-]
-
-
-def peak_flops(device):
-    # one GPU's peak FLOP/s, or None (a CPU, an unknown GPU, a MIG
-    # slice, which has a share of its GPU's peak)
-    if not str(device).startswith("cuda"):
-        return None
-    name = torch.cuda.get_device_name(device)
-    if "MIG" in name:
-        return None
-    return next((peak for model, peak in PEAK_FLOPS if model in name), None)
-
+import fineweb
+import hellaswag
+from train_gpt2 import (
+    GPT,
+    DataLoaderLite,
+    GPTConfig,
+    TrainConfig,
+    evaluate_val_loss,
+    peak_flops,
+    pick_device,
+    sample_texts,
+)
 
 PROMPT_TOKENS = 16  # of the generation section
 GEN_REPEATS = 3  # timed runs of each way to generate (the median)
+# common words, one GPT-2 token each: HellaSwag-shaped text of known lengths
+WORDS = "the of and to in is was for on that with as by at from his her he she it they we".split()
 
 PRESETS = {
     # build-nanogpt's model and batch (vocab padded to 50,304)
@@ -92,6 +79,10 @@ PRESETS = {
         batch_sizes=[16, 32, 64],
         steps=20,
         new_tokens=256,
+        # one GPU's share of the recipe's evaluation on 8: 20 of its 160 val batches, an eighth
+        # of HellaSwag's 10,042 examples
+        val_batches=20,
+        hellaswag=1256,
     ),
     # train_gpt2.py's shakespeare_char recipe (65 characters)
     "shakespeare_char": dict(
@@ -103,6 +94,8 @@ PRESETS = {
         batch_sizes=[12, 48],
         steps=10,
         new_tokens=64,
+        val_batches=2,
+        hellaswag=0,  # (another vocabulary)
     ),
     # a CPU in seconds: checks that everything runs
     "tiny": dict(
@@ -114,6 +107,8 @@ PRESETS = {
         batch_sizes=[4, 8],
         steps=5,
         new_tokens=32,
+        val_batches=2,
+        hellaswag=0,
     ),
 }
 
@@ -153,41 +148,57 @@ def peak_mib(device):
     return rss / 2**20 if sys.platform == "darwin" else rss / 2**10
 
 
-def flops_per_token(model, T):
-    # 6 FLOPs per weight and token (forward and backward) plus attention's;
-    # an embedding table only read by lookups (the position table; the
-    # token table if the head is untied) does no matmul
-    head = model.lm_head.weight
-    n = sum(p.numel() for p in model.parameters())
-    for m in model.modules():
-        if isinstance(m, torch.nn.Embedding) and m.weight is not head:
-            n -= m.weight.numel()
-    c = model.config
-    return 6 * n + 12 * c.n_layer * c.n_embd * T
+def environment(device):
+    # what the numbers were measured with: the versions, the device, each SDPA backend that runs
+    # a causal forward and backward here alone, and the peak FLOP/s of MFU
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    found = dict(python=platform.python_version(), torch=torch.__version__)
+    found.update(cuda=torch.version.cuda, device=f"CPU ({os.cpu_count()} cores)")
+    if device.startswith("cuda"):
+        import triton
+
+        p = torch.cuda.get_device_properties(device)
+        found["device"] = f"{p.name} ({p.total_memory / 2**30:.0f} GiB, sm {p.major}.{p.minor})"
+        found["triton"] = triton.__version__
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    q = torch.randn(1, 4, 256, 64, device=device, dtype=dtype, requires_grad=True)
+    found["sdpa"] = []
+    for name in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH"):
+        try:
+            with warnings.catch_warnings(), sdpa_kernel([getattr(SDPBackend, name)]):
+                warnings.simplefilter("ignore")
+                F.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
+            found["sdpa"].append(name.split("_")[0].lower())
+        except RuntimeError:
+            pass
+    found["peak_flops"] = peak_flops(device)
+    return found
 
 
 # -----------------------------------------------------------------------------
 # train: one optimizer step
 
 
-def bench_train(config, B, args, device):
-    # one row: a fresh model, so the peak memory is this B's alone
-    torch.manual_seed(args.seed)
+def train_step(config, B, backend, device, seed):
+    # (model, step): a fresh seeded model, so that the peak memory is this B's alone, and
+    # train_gpt2.py's optimization step at one micro-step on random tokens; backend: that of
+    # torch.compile (inductor, as training on CUDA; eager: dynamo's trace alone) or None
+    torch.manual_seed(seed)
     model = GPT(config).to(device)
     device_type = device.split(":")[0]
     (optimizer,) = model.configure_optimizers(0.1, 6e-4, device_type)
     step_model = model
-    if args.compile == "true":
+    if backend:
         # a static graph for this B, as in training
         torch._dynamo.reset()
-        step_model = torch.compile(model, dynamic=False)
+        step_model = torch.compile(model, backend=backend, dynamic=False)
     T = config.block_size
     x = torch.randint(0, config.vocab_size, (B, T), device=device)
     y = torch.randint(0, config.vocab_size, (B, T), device=device)
     bf16 = device_type == "cuda"
 
     def step():
-        # train_gpt2.py's step, one micro-step
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast(device_type, torch.bfloat16, enabled=bf16):
             _, loss = step_model(x, y)
@@ -195,20 +206,28 @@ def bench_train(config, B, args, device):
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
 
+    return model, step
+
+
+def bench_train(model, step, B, steps, warmup, device):
+    # one row: the first step (compilation, the allocator, kernel choices), then the median of
+    # `steps` after `warmup` more
+    T = model.config.block_size
     reset_peak(device)
-    # warm-up: compilation, the allocator, kernel choices
-    for _ in range(args.warmup):
+    first = timed(step, device)
+    for _ in range(warmup):
         timed(step, device)
-    times = [timed(step, device) for _ in range(args.steps)]
+    times = [timed(step, device) for _ in range(steps)]
     seconds = statistics.median(times)
     tok_per_s = B * T / seconds
     peak = peak_flops(device)
     mfu = None
     if peak:
-        mfu = flops_per_token(model, T) * tok_per_s / peak
+        mfu = model.flops_per_token(T) * tok_per_s / peak
     return {
         "run": f"train B={B}",
         "shape": f"{B} x {T}",
+        "first_s": max(first - seconds, 0.0),
         "ms": seconds * 1000,
         "tok_per_s": tok_per_s,
         "mfu": mfu,
@@ -219,12 +238,104 @@ def bench_train(config, B, args, device):
 def train_row(config, B, args, device):
     # a batch too big for the GPU is a row that says so
     try:
-        return bench_train(config, B, args, device)
+        backend = "inductor" if args.compile == "true" else None
+        model, step = train_step(config, B, backend, device, args.seed)
+        return bench_train(model, step, B, args.steps, args.warmup, device)
     except torch.cuda.OutOfMemoryError:
         pass
     # (out of the except: its traceback holds the step's tensors)
     torch.cuda.empty_cache()
     return {"run": f"train B={B}: out of memory", "shape": f"{B} x {config.block_size}"}
+
+
+# -----------------------------------------------------------------------------
+# evaluate: the trainer's val pass, HellaSwag and samples
+
+
+def forward_mfu(model, T, tok_per_s, device):
+    # a forward pass's MFU: a third of a training step's FLOPs a token, at context T
+    peak = peak_flops(device)
+    return model.flops_per_token(T) / 3 * tok_per_s / peak if peak else None
+
+
+def bench_val(config, B, batches, backend, device, seed):
+    # evaluate_val_loss over `batches` windows of random tokens, through the model compiled with
+    # backend or the eager one; its first batch apart
+    torch.manual_seed(seed)
+    raw = GPT(config).to(device)
+    model = raw
+    if backend:
+        # a graph of its own, as the trainer's eval mode gets one
+        torch._dynamo.reset()
+        model = torch.compile(raw, backend=backend, dynamic=False)
+    T = config.block_size
+    shard = np.random.default_rng(seed).integers(0, config.vocab_size, batches * B * T + 1)
+    loader = DataLoaderLite([shard.astype(np.uint16)], B, T, device=device)
+    amp = torch.bfloat16 if device.startswith("cuda") else None
+    reset_peak(device)
+    first = timed(lambda: evaluate_val_loss(model, loader, 1, amp), device)
+    seconds = timed(lambda: evaluate_val_loss(model, loader, batches, amp), device)
+    row = {"run": f"val, {'compiled' if backend else 'eager'}", "shape": f"{B} x {T}"}
+    row.update(first_s=max(first - seconds / batches, 0.0), seconds=seconds)
+    row.update(ms=seconds * 1000 / batches, tok_per_s=batches * B * T / seconds)
+    row.update(mfu=forward_mfu(raw, T, row["tok_per_s"], device), peak_mib=peak_mib(device))
+    return row
+
+
+def synthetic_examples(n, block_size, seed):
+    # HellaSwag-shaped examples of about its lengths, a word a token (assumed: the split is not
+    # here): a third with contexts of 20-50 tokens and endings of 8-25, the rest 60-140 and
+    # 15-50; rows of 107 tokens on average, 30 to 192; scaled down to fit a shorter block_size
+    scale = min(block_size / 256, 1.0)
+    rng = np.random.default_rng(seed)
+    examples = []
+    for i in range(n):
+        ctx, ending = ((20, 50), (8, 25)) if i % 3 == 0 else ((60, 140), (15, 50))
+        texts = []
+        for lo, hi in [ctx] + [ending] * 4:
+            words = rng.choice(WORDS, rng.integers(max(1, int(lo * scale)), int(hi * scale) + 1))
+            texts.append(" ".join(words) + ".")
+        examples.append(dict(ctx=texts[0].capitalize(), endings=texts[1:], label=i % 4))
+    return examples
+
+
+def bench_hellaswag(config, n, device, seed):
+    # hellaswag.evaluate as the trainer runs it (the plain model, bf16 autocast on CUDA) on n
+    # synthetic examples, rendered once: the first pass with its first calls (cuDNN's graphs,
+    # one a row width), then ms a batch of the second
+    torch.manual_seed(seed)
+    model = GPT(config).to(device)
+    examples = synthetic_examples(n, config.block_size, seed)
+    t0 = time.perf_counter()
+    prepared = hellaswag.prepare(examples, fineweb.get_tokenizer(), config.block_size)
+    prepare_s = time.perf_counter() - t0
+    amp = torch.bfloat16 if device.startswith("cuda") else None
+    reset_peak(device)
+    first = timed(lambda: hellaswag.evaluate(model, prepared, device, autocast_dtype=amp), device)
+    seconds = timed(lambda: hellaswag.evaluate(model, prepared, device, autocast_dtype=amp), device)
+    batches = -(-4 * n // hellaswag.BATCH_ROWS)
+    tokens = prepared["length"].sum().item()
+    row = {"run": "HellaSwag", "shape": f"{4 * n:,} rows of {tokens / 4 / n:.0f}"}
+    row.update(first_s=max(first - seconds, 0.0), seconds=seconds, prepare_s=prepare_s)
+    row.update(ms=seconds * 1000 / batches, tok_per_s=tokens / seconds)
+    row["mfu"] = forward_mfu(model, tokens / 4 / n, row["tok_per_s"], device)
+    return row
+
+
+def bench_samples(config, device, seed):
+    # train_gpt2.sample_texts as the trainer draws them on rank 0 (the plain model, float32)
+    torch.manual_seed(seed)
+    model = GPT(config).to(device)
+    recipe = TrainConfig()
+    prompt = recipe.sample_prompt
+    length = recipe.sample_length
+    enc = fineweb.get_tokenizer()
+    first = timed(lambda: sample_texts(model, enc, prompt, 4, length), device)
+    seconds = timed(lambda: sample_texts(model, enc, prompt, 4, length), device)
+    row = {"run": "samples", "shape": f"4 x {length}", "first_s": max(first - seconds, 0.0)}
+    row["seconds"] = seconds
+    row.update(ms=seconds * 1000 / length, tok_per_s=4 * length / seconds, mfu=None)
+    return row
 
 
 # -----------------------------------------------------------------------------
@@ -288,6 +399,7 @@ def add_ratios(rows):
 COLUMNS = [
     ("run", "run", "{}"),
     ("shape", "B x T", "{}"),
+    ("first_s", "first s", "{:.2f}"),
     ("ms", "ms/step", "{:.2f}"),
     ("tok_per_s", "tok/s", "{:,.0f}"),
     ("mfu", "MFU", "{:.1%}"),
@@ -334,19 +446,33 @@ def parse_args(argv):
     p.add_argument("--seq_len", type=int, help="T (also the model's block_size)")
     p.add_argument("--compile", default="auto", choices=["auto", "true", "false"])
     p.add_argument("--steps", type=int, help="timed train steps (the median)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps after the first")
     p.add_argument("--new_tokens", type=int, help="tokens generated")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's)")
     p.add_argument("--json", help="also write the results to this file")
     args = p.parse_args(argv)
-    for name in ("seq_len", "steps", "new_tokens"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            p.error(f"--{name} must be >= 1")
-    if min(args.warmup, args.threads) < 0 or not 0 <= args.seed < 2**63:
-        p.error("--warmup, --threads must be >= 0, --seed in 0 .. 2**63 - 1")
-    if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", args.device):
-        p.error("--device must be auto, cpu, cuda, cuda:N or mps")
+    # Every number checked before torch uses it: torch.set_num_threads(100000) ends the process
+    # in a segmentation fault, and a typo's billion steps would run for days.
+    cores = os.cpu_count()
+    if not 0 <= args.threads <= cores:
+        p.error(f"--threads must be 0 (torch's choice) to {cores}, this machine's CPUs")
+    if args.batch_sizes and max(args.batch_sizes) > 4096:
+        p.error("--batch_sizes must be 1 to 4,096 rows each")
+    if args.seq_len is not None and not 1 <= args.seq_len <= 65536:
+        p.error("--seq_len must be 1 to 65,536")
+    if args.steps is not None and not 1 <= args.steps <= 10000:
+        p.error("--steps must be 1 to 10,000")
+    if not 0 <= args.warmup <= 10000:
+        p.error("--warmup must be 0 to 10,000")
+    if args.new_tokens is not None and not 1 <= args.new_tokens <= 65536:
+        p.error("--new_tokens must be 1 to 65,536")
+    if not 0 <= args.seed < 2**63:
+        p.error("--seed must be 0 to 2**63 - 1")
+    try:
+        args.device = pick_device(args.device)
+    except ValueError as e:
+        p.error(str(e))
     if args.json and Path(args.json).is_dir():
         p.error(f"--json {args.json} is a directory: name a file in it")
     return args
@@ -354,7 +480,7 @@ def parse_args(argv):
 
 def run(args):
     # the results dict; the preset fills the flags not given
-    device = pick_device(args.device)
+    device = args.device
     # on a machine shared with other jobs: fewer threads, steadier
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -379,8 +505,18 @@ def run(args):
     if device.startswith("cuda"):
         # TF32 for what autocast leaves in float32, as in training
         torch.set_float32_matmul_precision("high")
+    found = environment(device)
     train = [train_row(config, B, args, device) for B in args.batch_sizes]
     add_ratios(train)
+    # evaluation at the largest B (the recipe's micro-batch, on a GPU); HellaSwag and the samples
+    # in GPT-2's tokens
+    B = max(args.batch_sizes)
+    evaluate = [bench_val(config, B, preset["val_batches"], None, device, args.seed)]
+    if args.compile == "true":
+        evaluate.append(bench_val(config, B, preset["val_batches"], "inductor", device, args.seed))
+    if preset["hellaswag"]:
+        evaluate.append(bench_hellaswag(config, preset["hellaswag"], device, args.seed))
+        evaluate.append(bench_samples(config, device, args.seed))
     generate, same = bench_generate(config, args, device)
     add_ratios(generate)
     return {
@@ -388,13 +524,14 @@ def run(args):
         "device": device,
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
+        "environment": found,
         "config": vars(config),
         "compile": args.compile,
         "dtype": "bfloat16" if device.startswith("cuda") else "float32",
         "steps": args.steps,
         "warmup": args.warmup,
         "same_tokens": same,
-        "rows": train + generate,
+        "rows": train + evaluate + generate,
     }
 
 
@@ -414,6 +551,10 @@ def main(argv=None):
     where = f"{results['device']}, torch threads {results['threads']}"
     how = f"train {results['dtype']}, compile {results['compile']}"
     print(f"bench.py --preset {results['preset']}: {shape}; {where}; {how}")
+    found = results["environment"]
+    peak = found["peak_flops"] and f"{found['peak_flops']:.3g}"
+    versions = ", ".join(f"{k} {found.get(k)}" for k in ("python", "torch", "cuda", "triton"))
+    print(f"{found['device']}; {versions}; SDPA {', '.join(found['sdpa'])}; peak FLOP/s {peak}")
     print(markdown(results["rows"]))
     agree = "yes" if results["same_tokens"] else "no"
     print(f"greedy tokens with and without the KV cache the same: {agree}")

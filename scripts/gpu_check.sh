@@ -1,18 +1,14 @@
 #!/usr/bin/env bash
-# The first GPU check (issue 29) in one command: scripts/gpu_check.py's stages (preflight,
-# correctness against the CPU reference, the compiled step at B=64/32/16, evaluation, a
-# torchrun run and its resume), each result written as it ends, within --deadline (510 s).
+# The GPU check as one command: scripts/gpu_check.py (its own deadline 510 s) under a hard limit,
+# SIGTERM at 550 s and SIGKILL 10 s later, then all it wrote but checkpoints and shards packed
+# into one archive, DIR.tgz beside DIR (default out/gpu_check). Flags after DIR go to
+# gpu_check.py; PYTHON is the python that has torch (default python3).
 #
-#   bash scripts/gpu_check.sh                      # on a CUDA machine: out/gpu_check/
-#   bash scripts/gpu_check.sh --out DIR            # results and compile caches in DIR
-#   bash scripts/gpu_check.sh --cpu-smoke          # every stage at toy sizes on a CPU
-#   bash scripts/gpu_check.sh --help               # every flag
-#
-# PYTHON (default python3) is the interpreter with torch; GPU_CHECK_OUT is the default --out.
-set -euo pipefail
-PYTHON="${PYTHON:-python3}"
-if ! command -v "$PYTHON" >/dev/null; then
-    echo "gpu_check.sh: error: no $PYTHON on PATH: set PYTHON to the python that has torch" >&2
-    exit 1
-fi
-exec "$PYTHON" "$(dirname "${BASH_SOURCE[0]}")/gpu_check.py" "$@"
+#   bash scripts/gpu_check.sh                            # on a CUDA machine: out/gpu_check.tgz
+#   bash scripts/gpu_check.sh /tmp/check --cpu-smoke     # every stage at toy sizes on a CPU
+dir="${1:-out/gpu_check}"
+shift
+timeout -k 10 550 "${PYTHON:-python3}" "$(dirname "$0")/gpu_check.py" --out "$dir" "$@"
+status=$?
+tar czf "$dir.tgz" --exclude='*.pt' --exclude='*.npy' -C "$(dirname "$dir")" "$(basename "$dir")"
+exit $status

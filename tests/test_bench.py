@@ -1,29 +1,19 @@
-"""bench.py: a CPU run of a tiny shape as a user runs it (its table and its JSON), bad flags as
-one line, a stop signal as one line, and its no-cache baseline choosing the tokens that
+"""bench.py: a CPU run of a tiny shape as a user runs it (its table and its JSON), every bad flag
+as one line before anything runs, and its no-cache baseline choosing the tokens that
 GPT.generate's KV cache chooses. No timing is asserted: only the shape of the output."""
 
 import json
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
+import os
 
 import pytest
 import torch
-from conftest import ROOT, child_env
+from conftest import one_line_error, run_main, run_program
 
 import bench
 from train_gpt2 import GPT, GPTConfig
 
-HEADER = ["run", "B x T", "ms/step", "tok/s", "MFU", "peak MiB", "vs first"]
-RUNS = ["train B=2", "train B=4", "generate, no cache", "generate, KV cache"]
-
-
-def start(*flags):
-    argv = [sys.executable, "bench.py", *map(str, flags)]
-    pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    return subprocess.Popen(argv, cwd=ROOT, env=child_env(), text=True, **pipes)
+HEADER = ["run", "B x T", "first s", "ms/step", "tok/s", "MFU", "peak MiB", "vs first"]
+RUNS = ["train B=2", "train B=4", "val, eager", "generate, no cache", "generate, KV cache"]
 
 
 def table(stdout):
@@ -36,69 +26,73 @@ def table(stdout):
 def test_a_cpu_run_prints_the_table_and_writes_the_json(tmp_path):
     out = tmp_path / "results" / "bench.json"  # its directory is made
     flags = ["--device", "cpu", "--preset", "tiny", "--batch_sizes", "2,4", "--steps", 2]
-    proc = start(*flags, "--warmup", 1, "--new_tokens", 8, "--json", out)
-    stdout, stderr = proc.communicate(timeout=300)
-    assert proc.returncode == 0 and stderr == "", stderr
-    assert stdout.startswith("bench.py --preset tiny: 2 layers x 64, vocab 512; cpu")
-    cells = table(stdout)
+    proc = run_program("bench.py", flags + ["--warmup", 1, "--new_tokens", 8, "--json", out])
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert proc.stdout.startswith("bench.py --preset tiny: 2 layers x 64, vocab 512; cpu")
+    cells = table(proc.stdout)
     assert cells[0] == HEADER and [row[0] for row in cells[1:]] == RUNS
     for row in cells[1:]:
-        assert float(row[3].replace(",", "")) >= 0  # tok/s
-        assert row[4] == ""  # no MFU on a CPU
-        assert row[6].endswith("x")
-    assert [row[1] for row in cells[1:]] == ["2 x 64", "4 x 64", "1 x 16+8", "1 x 16+8"]
-    assert cells[1][6] == cells[3][6] == "1.00x"  # each section against its first row
+        assert float(row[4].replace(",", "")) >= 0  # tok/s
+        assert row[5] == ""  # no MFU on a CPU
+    shapes = ["2 x 64", "4 x 64", "4 x 64", "1 x 16+8", "1 x 16+8"]
+    assert [row[1] for row in cells[1:]] == shapes
+    # each section against its first row; evaluation's pieces against nothing
+    assert cells[1][7] == cells[4][7] == "1.00x" and cells[3][7] == ""
 
     results = json.loads(out.read_text())
     assert list(out.parent.iterdir()) == [out]  # no temporary file left
     assert results["device"] == "cpu" and results["compile"] == "false"
     assert results["dtype"] == "float32" and results["config"]["vocab_size"] == 512
     assert isinstance(results["same_tokens"], bool)
+    # what the numbers were measured with, printed above the table too
+    assert results["environment"]["torch"] == torch.__version__
+    assert "math" in results["environment"]["sdpa"] and results["environment"]["peak_flops"] is None
+    assert proc.stdout.splitlines()[1].startswith("CPU (")
     rows = results["rows"]
     assert [row["run"] for row in rows] == RUNS
     for row in rows:
         assert row["ms"] > 0 and row["tok_per_s"] > 0 and row["peak_mib"] > 0
         assert row["mfu"] is None
+    assert rows[0]["first_s"] >= 0 and rows[2]["first_s"] >= 0 and "first_s" not in rows[3]
     # the ratio is the tok/s of the row over its section's first
-    speedup = rows[3]["tok_per_s"] / rows[2]["tok_per_s"]
-    assert rows[3]["ratio"] == pytest.approx(speedup)
+    speedup = rows[4]["tok_per_s"] / rows[3]["tok_per_s"]
+    assert rows[4]["ratio"] == pytest.approx(speedup)
     assert rows[1]["ratio"] == pytest.approx(rows[1]["tok_per_s"] / rows[0]["tok_per_s"])
 
 
-def test_bad_flags_are_one_line(tmp_path):
+# Each a line on stderr before anything runs; --threads 100000 was a segmentation fault.
+BAD_FLAGS = [
+    (["--bogus"], "unrecognized arguments: --bogus"),
+    (["--threads", "100000"], f"--threads must be 0 (torch's choice) to {os.cpu_count()}"),
+    (["--threads", "-1"], "--threads must be 0"),
+    (["--batch_sizes", "16,0"], "expected positive integers"),
+    (["--batch_sizes", "16,1000000"], "--batch_sizes must be 1 to 4,096"),
+    (["--seq_len", "0"], "--seq_len must be 1 to 65,536"),
+    (["--seq_len", "10000000"], "--seq_len must be 1 to 65,536"),
+    (["--steps", "0"], "--steps must be 1 to 10,000"),
+    (["--steps", "1000000000"], "--steps must be 1 to 10,000"),
+    (["--warmup", "-1"], "--warmup must be 0 to 10,000"),
+    (["--new_tokens", "0"], "--new_tokens must be 1 to 65,536"),
+    (["--seed", "-1"], "--seed must be 0 to 2**63 - 1"),
+    (["--device", "tpu"], "--device tpu: not cpu, cuda, cuda:N or mps"),
+    (["--json", "."], "--json . is a directory"),
+]
+if not torch.cuda.is_available():
+    BAD_FLAGS.append((["--device", "cuda"], "--device cuda: this torch sees no CUDA GPU"))
+
+
+@pytest.mark.parametrize("flags, message", BAD_FLAGS, ids=[" ".join(f) for f, _ in BAD_FLAGS])
+def test_a_bad_flag_is_one_line(flags, message, capsys):
+    code, err = run_main(bench.main, flags, capsys)
+    one_line_error(code, err, "bench.py", message)
+    assert capsys.readouterr().out == ""
+
+
+def test_an_unwritable_json_path_is_one_line_before_any_benchmark(tmp_path, capsys):
     (tmp_path / "file").write_text("")
-    cases = [
-        (["--bogus"], "unrecognized arguments: --bogus"),
-        (["--batch_sizes", "16,0"], "expected positive integers"),
-        (["--json", tmp_path], "is a directory"),
-        # before any benchmark runs: a directory cannot be made under a file
-        (["--json", tmp_path / "file" / "out.json", "--device", "cpu"], "bench.py: error: "),
-    ]
-    if not torch.cuda.is_available():
-        cases.append((["--device", "cuda"], "--device cuda: not usable here"))
-    procs = [start(*flags) for flags, _ in cases]
-    for proc, (flags, expected) in zip(procs, cases):
-        out, err = proc.communicate(timeout=300)
-        assert proc.returncode != 0 and out == "", (flags, out)
-        assert err.count("\n") == 1 and err.startswith("bench.py: error: "), (flags, err)
-        assert expected in err, (flags, err)
-
-
-@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc")
-def test_a_stop_signal_is_one_line():
-    proc = start("--device", "cpu", "--preset", "tiny", "--steps", 10**6)
-    # once it catches SIGTERM (set before torch loads), then a moment later
-    deadline = time.monotonic() + 60
-    caught = 0
-    while not caught >> (signal.SIGTERM - 1) & 1 and time.monotonic() < deadline:
-        time.sleep(0.005)
-        status = Path(f"/proc/{proc.pid}/status").read_text()
-        caught = int(status.split("SigCgt:")[1].split()[0], 16)
-    time.sleep(1)
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 128 + signal.SIGTERM and out == ""
-    assert err == "bench.py: stopped by SIGTERM\n"
+    flags = ["--device", "cpu", "--json", tmp_path / "file" / "out.json"]
+    code, err = run_main(bench.main, flags, capsys)
+    one_line_error(code, err, "bench.py", "file")
 
 
 def test_the_baseline_chooses_the_tokens_of_the_kv_cache():
@@ -124,24 +118,24 @@ def test_the_table_leaves_missing_values_blank():
     lines = bench.markdown(rows).splitlines()
     assert len(lines) == 4 and len({len(line) for line in lines}) == 1  # padded
     first = [cell.strip() for cell in lines[2].strip("|").split("|")]
-    assert first == ["train B=64: out of memory", "64 x 1024", "", "", "", "", ""]
+    assert first == ["train B=64: out of memory", "64 x 1024", "", "", "", "", "", ""]
     second = [cell.strip() for cell in lines[3].strip("|").split("|")]
-    assert second == ["a", "1 x 2", "2.00", "1,000", "50.0%", "", ""]
+    assert second == ["a", "1 x 2", "", "2.00", "1,000", "50.0%", "", ""]
 
 
 @pytest.mark.gpt2_contract
 def test_flops_per_token_of_gpt2_124m():
     # 6 x (124,475,904 weights, padded vocab, less the 786,432 of the position table, a lookup)
-    # + 12 x 12 layers x 768 x 1024 for attention
+    # + 12 x 12 layers x 768 x 1024 for attention: the numerator of bench's and the trainer's MFU
     with torch.device("meta"):
         model = GPT(GPTConfig(vocab_size=50304))
-    assert bench.flops_per_token(model, 1024) == 6 * 123_689_472 + 12 * 12 * 768 * 1024
+    assert model.flops_per_token(1024) == 6 * 123_689_472 + 12 * 12 * 768 * 1024
 
 
 def test_flops_per_token_counts_an_untied_token_table_as_a_lookup():
     with torch.device("meta"):
         model = GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=1, n_head=2, n_embd=8))
-    tied = bench.flops_per_token(model, 16)
+    tied = model.flops_per_token(16)
     model.lm_head.weight = torch.nn.Parameter(torch.empty(64, 8, device="meta"))
     # the head's matmul counts once; the token table, now only looked up, does not
-    assert bench.flops_per_token(model, 16) == tied
+    assert model.flops_per_token(16) == tied
