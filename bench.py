@@ -314,7 +314,7 @@ def bench_hellaswag(config, n, device, seed):
     first = timed(lambda: hellaswag.evaluate(model, prepared, device, autocast_dtype=amp), device)
     seconds = timed(lambda: hellaswag.evaluate(model, prepared, device, autocast_dtype=amp), device)
     batches = -(-4 * n // hellaswag.BATCH_ROWS)
-    tokens = prepared["length"].sum().item()
+    tokens = (prepared["start"] + prepared["count"]).sum().item()  # the rows' lengths
     row = {"run": "HellaSwag", "shape": f"{4 * n:,} rows of {tokens / 4 / n:.0f}"}
     row.update(first_s=max(first - seconds, 0.0), seconds=seconds, prepare_s=prepare_s)
     row.update(ms=seconds * 1000 / batches, tok_per_s=tokens / seconds)
