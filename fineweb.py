@@ -522,12 +522,10 @@ def verify_shard(path, entry, vocab_size):
     entry["tokens"] uint16 tokens, of sha256 entry["sha256"] (unless that is None), every id below
     vocab_size. Else the problem, one line naming the shard (the caller says what to do). Reads
     CHUNK_BYTES at a time."""
-    try:
-        info = os.stat(path)
-    except FileNotFoundError:
-        return f"{path} is missing"
-    if not stat.S_ISREG(info.st_mode):
-        return f"{path} is not a regular file"
+    problem = file_problem(path)
+    if problem:
+        return problem
+    size = os.path.getsize(path)
     digest = hashlib.sha256()
     top = 0
     try:
@@ -535,8 +533,8 @@ def verify_shard(path, entry, vocab_size):
             tokens, offset = npy_layout(f)
             if tokens != entry["tokens"]:
                 return f"{path} holds {tokens:,} tokens, not the {entry['tokens']:,} recorded"
-            if info.st_size != offset + 2 * tokens:
-                sizes = f"{info.st_size:,} bytes, expected {offset + 2 * tokens:,}"
+            if size != offset + 2 * tokens:
+                sizes = f"{size:,} bytes, expected {offset + 2 * tokens:,}"
                 return f"{path} changed since fineweb.py wrote it ({sizes})"
             f.seek(0)
             digest.update(f.read(offset))
@@ -819,17 +817,27 @@ def swap_in(out_dir, staging):
     shutil.rmtree(staging)
 
 
-# a shard's problem as load_corpus sees it without reading it: gone, not a regular file (a FIFO
-# would block a reader for good), or not of the size np.save gives its tokens
-def shard_file_problem(path, expected):
+# why path is no file to read, without opening it: gone, or not a regular file (a FIFO would
+# block a reader for good); None if it is one
+def file_problem(path):
     try:
         info = os.stat(path)
     except FileNotFoundError:
         return f"{path} is missing"
     if not stat.S_ISREG(info.st_mode):
         return f"{path} is not a regular file"
-    if info.st_size != expected:
-        sizes = f"{info.st_size:,} bytes, expected {expected:,}"
+    return None
+
+
+# a shard's problem as load_corpus sees it without reading it: not a file, or not of the size
+# np.save gives its tokens
+def shard_file_problem(path, expected):
+    problem = file_problem(path)
+    if problem:
+        return problem
+    size = os.path.getsize(path)
+    if size != expected:
+        sizes = f"{size:,} bytes, expected {expected:,}"
         return f"{path} changed since fineweb.py wrote it ({sizes})"
     return None
 
