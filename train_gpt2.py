@@ -1147,7 +1147,11 @@ def run(cfg, rank, local_rank, world_size, device, log):
         log(f"note: {manifest['note']}")
     enc = fineweb.tokenizer_from_manifest(manifest)
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    t0 = time.time()
     verify_shards(cfg.data_root, manifest, enc.n_vocab, local_rank, local_world)
+    log(
+        f"{len(manifest['shards'])} shards checked against manifest.json ({time.time() - t0:.1f} s)"
+    )
     data = {"tokenizer": fineweb.tokenizer_info(enc), "fingerprint": manifest["fingerprint"]}
     train_shards = load_shards(cfg.data_root, "train", manifest)
     # val: the first val_tokens + 1 tokens of the val split (fineweb.py makes it one shard), read
@@ -1281,7 +1285,8 @@ def run(cfg, rank, local_rank, world_size, device, log):
             # stop asked for meanwhile ends the pass early and skips the rest of evaluation. The
             # plain model: compiling its eval-mode graph costs more than it saves
             # (docs/benchmarks.md)
-            if cfg.eval_interval and (step % cfg.eval_interval == 0 or last_step) and not stopping:
+            val_due = cfg.eval_interval and (step % cfg.eval_interval == 0 or last_step)
+            if val_due and not stopping:
                 val_steps = cfg.val_tokens // (B * T)
                 loss = evaluate_val_loss(raw_model, val_loader, val_steps, amp, stop)
                 stopping = loss is None
