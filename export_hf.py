@@ -131,7 +131,8 @@ def char_tokenizer(enc, block_size):
 @torch.no_grad()
 def check_export(model, enc, out):
     # The directory, loaded back by transformers, computes our logits on
-    # fixed random ids (2, T), within float32 rounding (1e-4 of the largest
+    # fixed random ids (2, T), <|endoftext|> among them (a model may treat it
+    # apart: document masking), within float32 rounding (1e-4 of the largest
     # logit), and tokenizes their text as we do; or a ValueError.
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -139,6 +140,8 @@ def check_export(model, enc, out):
     T = min(64, model.config.block_size)
     generator = torch.Generator().manual_seed(0)
     idx = torch.randint(0, enc.n_vocab, (2, T), generator=generator)
+    if enc.eot_token is not None:
+        idx[:, 3::7] = enc.eot_token
     ours = model(idx)[0][..., : enc.n_vocab]  # (2, T, n_vocab)
     diff = (hf(idx).logits - ours).abs().max().item()
     if not diff <= 1e-4 * max(1.0, ours.abs().max().item()):

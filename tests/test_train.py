@@ -57,11 +57,25 @@ def assert_same_state(a, b):
     assert a["loader"] == b["loader"] and a["step"] == b["step"]
 
 
+@pytest.mark.gpt2_contract  # the rate is AdamW's at this lr (the recipe's optimizer)
 def test_overfitting_one_batch_drives_the_loss_to_zero(char_corpus, tmp_path):
     overrides = dict(overfit_batch=True, max_steps=100, max_lr=1e-2, warmup_steps=10)
     train(char_corpus, tmp_path, eval_interval=0, ckpt_interval=0, **overrides)
     losses = read_log(tmp_path)["train"]
     assert losses[99] < 0.05 * losses[0]
+
+
+def test_overfitting_one_batch_drives_the_loss_down(char_corpus, tmp_path):
+    # the same steps on one batch and on the stream: memorising one batch goes lower, with any
+    # optimizer that trains (how fast, to ~0 in 100 steps, is AdamW's: the test above)
+    overrides = dict(max_steps=100, max_lr=1e-2, warmup_steps=10, eval_interval=0, ckpt_interval=0)
+    train(char_corpus, tmp_path / "one", overfit_batch=True, **overrides)
+    train(char_corpus, tmp_path / "stream", **overrides)
+    one = read_log(tmp_path / "one")["train"]
+    stream = read_log(tmp_path / "stream")["train"]
+    assert one[0] == stream[0]
+    last = sum(one[s] for s in range(90, 100)) / 10
+    assert last < sum(stream[s] for s in range(90, 100)) / 10 and last < one[0]
 
 
 def test_overfit_batch_is_the_first_batch_on_any_number_of_ranks_and_after_a_resume(
@@ -175,9 +189,16 @@ def test_a_resume_applies_this_runs_optimizer_settings(small_corpus, tmp_path):
     (tmp_path / "model_00012.pt").unlink()
     settings = dict(weight_decay=0.3, beta2=0.9, max_lr=1e-3, grad_clip=0.5)
     train(small_corpus, tmp_path, max_steps=12, ckpt_interval=6, resume="auto", **settings)
-    groups = checkpoint(tmp_path, 12)["optimizers"][0]["param_groups"]
+    ckpt = checkpoint(tmp_path, 12)
+    groups = ckpt["optimizers"][0]["param_groups"]
     assert groups[0]["weight_decay"] == 0.3 and groups[1]["weight_decay"] == 0.0
-    assert groups[0]["betas"] == (0.9, 0.9)
+    # every hyper-parameter (AdamW's betas, SGD's momentum, ...) is what this run's flags make
+    model = train_gpt2.GPT(train_gpt2.GPTConfig(**ckpt["model_config"]))
+    fresh = model.configure_optimizers(0.3, 1e-3, "cpu", beta2=0.9)[0].state_dict()
+    for saved, made in zip(groups, fresh["param_groups"]):
+        assert {k: v for k, v in saved.items() if k not in ("lr", "params")} == {
+            k: v for k, v in made.items() if k not in ("lr", "params")
+        }
     lr = read_log(tmp_path)["lr"]
     assert lr[11] == pytest.approx(train_gpt2.get_lr(11, 1e-3, 1e-4, 3, 12), rel=1e-5)
 
