@@ -64,22 +64,41 @@ def test_the_loss_is_the_mean_cross_entropy_of_the_logits_ignoring_minus_100(mod
     assert (loss - expected).abs() < 1.0  # an added term, not another loss
 
 
-def test_the_kv_cache_samples_what_the_whole_window_does(model):
+def ids(config, shape, endoftext):
+    # random ids; with endoftext, GPT-2's <|endoftext|> every 5 tokens: what a model that reads
+    # the ids themselves (a document mask at <|endoftext|>) sees in training and sampling
+    idx = torch.randint(0, min(config.vocab_size, 50257), shape)
+    if endoftext:
+        idx[:, 3::5] = 50256
+    return idx
+
+
+# a small vocabulary, and GPT-2's (padded) with <|endoftext|> among the ids
+CACHE_CASES = [(CONFIG, False), (GPTConfig(16, 50304, 2, 2, 32), True)]
+
+
+@pytest.mark.parametrize("config, endoftext", CACHE_CASES, ids=["small vocab", "endoftext"])
+def test_the_kv_cache_samples_what_the_whole_window_does(config, endoftext):
     # greedy decoding with the cache equals re-running the window, also past block_size
-    prompt = torch.randint(0, CONFIG.vocab_size, (2, 5))
+    torch.manual_seed(0)
+    model = GPT(config).eval()
+    prompt = ids(config, (2, 5), endoftext)
     cached = model.generate(prompt, 20, temperature=0)
     idx = prompt
     for _ in range(20):
-        logits, _ = model(idx[:, -CONFIG.block_size :])
+        logits, _ = model(idx[:, -config.block_size :])
         idx = torch.cat([idx, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
     assert torch.equal(cached, idx)
 
 
-def test_a_cache_fed_any_number_of_tokens_gives_the_whole_windows_logits(model):
+@pytest.mark.parametrize("config, endoftext", CACHE_CASES, ids=["small vocab", "endoftext"])
+def test_a_cache_fed_any_number_of_tokens_gives_the_whole_windows_logits(config, endoftext):
     # a prompt, then 3 tokens, 1, then 4: each call's logits are those of the full forward
-    idx = torch.randint(0, CONFIG.vocab_size, (2, 13))
+    torch.manual_seed(0)
+    model = GPT(config).eval()
+    idx = ids(config, (2, 13), endoftext)
     full, _ = model(idx)
-    cache = train_gpt2.KVCache(CONFIG.n_layer)
+    cache = train_gpt2.KVCache(config.n_layer)
     start = 0
     for n in (5, 3, 1, 4):
         logits, _ = model(idx[:, start : start + n], kv_cache=cache)
@@ -217,41 +236,3 @@ def test_sample_texts_continue_the_prompt():
     assert texts == train_gpt2.sample_texts(model, enc, "abc", 3, 20, seed=1)
     with pytest.raises(ValueError, match="prompt"):
         train_gpt2.sample_texts(model, enc, "", 1, 5)
-
-
-# GPT-2's vocabulary (padded), ids with <|endoftext|> among them: what a model that reads the
-# ids themselves (document masking at <|endoftext|>) sees in training and sampling
-GPT2_VOCAB = GPTConfig(block_size=16, vocab_size=50304, n_layer=2, n_head=2, n_embd=32)
-
-
-@pytest.fixture
-def gpt2_vocab_model():
-    torch.manual_seed(0)
-    return GPT(GPT2_VOCAB).eval()
-
-
-def ids_with_eot(shape):
-    idx = torch.randint(0, 50257, shape)
-    idx[:, 3::5] = 50256  # <|endoftext|> every 5 tokens
-    return idx
-
-
-def test_a_cache_gives_the_whole_windows_logits_across_endoftext(gpt2_vocab_model):
-    idx = ids_with_eot((2, 13))
-    full, _ = gpt2_vocab_model(idx)
-    cache = train_gpt2.KVCache(GPT2_VOCAB.n_layer)
-    start = 0
-    for n in (5, 3, 1, 4):
-        logits, _ = gpt2_vocab_model(idx[:, start : start + n], kv_cache=cache)
-        torch.testing.assert_close(logits, full[:, start : start + n])
-        start += n
-
-
-def test_cached_sampling_equals_the_window_across_endoftext(gpt2_vocab_model):
-    prompt = ids_with_eot((2, 9))
-    cached = gpt2_vocab_model.generate(prompt, 12, temperature=0)
-    idx = prompt
-    for _ in range(12):
-        logits, _ = gpt2_vocab_model(idx[:, -GPT2_VOCAB.block_size :])
-        idx = torch.cat([idx, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
-    assert torch.equal(cached, idx)
