@@ -868,6 +868,15 @@ def check_resumable(ckpt, model, cfg, data):
             raise ValueError(
                 f"resume: its model's {name} is {value}, this one's {ours.get(name)} {fix}"
             )
+    # the same config, other weights: the model was edited since (RoPE, another MLP, ...)
+    theirs = {name: tuple(w.shape) for name, w in ckpt["model"].items()}
+    mine = {name: tuple(w.shape) for name, w in model.state_dict().items()}
+    if theirs != mine:
+        differ = sorted(theirs.keys() ^ mine.keys()) or [n for n in mine if mine[n] != theirs[n]]
+        raise ValueError(
+            f"resume: its weights are not this model's ({differ[0]} differs; was the model"
+            f" edited since?): a new run goes in a new --log_dir"
+        )
     if ckpt["data"] != data:
         raise ValueError(f"resume: its data (tokenizer, corpus) differs {fix}")
     if cfg.max_steps < ckpt["step"]:

@@ -221,6 +221,24 @@ def test_a_resume_that_would_not_continue_the_run_is_refused(
         train(small_corpus, tmp_path / "b", resume=source, **{"max_steps": 12, **change})
 
 
+def test_resuming_after_an_edit_of_the_model_is_one_line(
+    small_corpus, tmp_path, monkeypatch, capsys
+):
+    # a checkpoint of the model before an edit that keeps its config (a new weight, as RoPE or
+    # a gate would add): --resume auto says so in one line, not load_state_dict's traceback
+    train(small_corpus, tmp_path, max_steps=2)
+    build = train_gpt2.GPT.__init__
+
+    def edited(self, config):
+        build(self, config)
+        self.gate = torch.nn.Parameter(torch.zeros(1))
+
+    monkeypatch.setattr(train_gpt2.GPT, "__init__", edited)
+    argv = tiny_flags(small_corpus, tmp_path, max_steps=4, resume="auto")
+    message = "its weights are not this model's (gate differs; was the model edited since?)"
+    one_line_error(*run_main(train_gpt2.main, argv, capsys), "train_gpt2.py", message)
+
+
 def test_a_resume_onto_other_data_is_refused(small_corpus, char_corpus, tmp_path):
     train(small_corpus, tmp_path / "a", max_steps=6)
     source = tmp_path / "a" / "model_00006.pt"
