@@ -338,7 +338,7 @@ def parse_args(argv):
 def run(args):
     """Evaluate as the command line says: the result dict."""
     # here, not at the top: train_gpt2 imports this module
-    from train_gpt2 import load_model, pick_device
+    from train_gpt2 import load_model, out_of_memory, pick_device
 
     device = pick_device(args.device)
     examples = load_examples(args.data, args.limit)
@@ -357,9 +357,7 @@ def run(args):
             batch_rows=args.batch_rows,
         )
     except RuntimeError as e:
-        # torch.OutOfMemoryError (a GPU's) is a RuntimeError; the CPU's and MPS's allocators
-        # say "memory" in theirs
-        if not isinstance(e, torch.OutOfMemoryError) and "memory" not in str(e):
+        if not out_of_memory(e):
             raise
         raise ValueError(
             f"out of {device} memory with --batch_rows {args.batch_rows}: lower it"

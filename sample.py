@@ -20,8 +20,6 @@ import os
 import sys
 from pathlib import Path
 
-import torch
-
 import train_gpt2
 
 # new tokens a sample when neither --max_new_tokens nor --max_length is given
@@ -78,25 +76,6 @@ def load(source, device):
     return train_gpt2.load_model(source, device)
 
 
-def prompt_length(prompt, enc, block_size):
-    # the prompt's tokens (an empty prompt is <|endoftext|> alone), checked to leave room in the
-    # model's context for a sampled token
-    try:
-        ids = enc.encode(prompt, allowed_special="all")
-    except ValueError as e:
-        # a character model's tokenizer: a character it never saw
-        raise ValueError(f"--prompt: {e}") from None
-    if not ids and enc.eot_token is None:
-        raise ValueError("--prompt is empty, and this model has no <|endoftext|> to start from")
-    n = max(len(ids), 1)
-    if n >= block_size:
-        raise ValueError(
-            f"--prompt is {n} tokens: the model's context is {block_size} tokens,"
-            f" so the prompt must be {block_size - 1} at most"
-        )
-    return n
-
-
 def new_tokens(args, n_prompt):
     # --max_new_tokens, or what --max_length leaves after the prompt
     if args.max_new_tokens is not None:
@@ -111,18 +90,11 @@ def new_tokens(args, n_prompt):
     return args.max_length - n_prompt
 
 
-def too_big(error):
-    # a RuntimeError of tensors too large: torch.OutOfMemoryError (a GPU's), the CPU's and MPS's
-    # allocators ("can't allocate memory"), a size past int64 ("Storage size ... overflowed")
-    text = str(error)
-    return isinstance(error, torch.OutOfMemoryError) or "memory" in text or "overflow" in text
-
-
 def run(args):
     # the samples' texts, as the command line asks
     device = train_gpt2.pick_device(args.device)
     model, enc = load(args.init_from, device)
-    n_prompt = prompt_length(args.prompt, enc, model.config.block_size)
+    n_prompt = len(train_gpt2.prompt_ids(enc, args.prompt, model.config.block_size, "--prompt"))
     n_new = new_tokens(args, n_prompt)
     try:
         return train_gpt2.sample_texts(
@@ -136,7 +108,7 @@ def run(args):
             seed=args.seed,
         )
     except RuntimeError as e:
-        if not too_big(e):
+        if not train_gpt2.out_of_memory(e):
             raise
         raise ValueError(
             f"--num_samples {args.num_samples} of {n_prompt + n_new} tokens do not fit in"

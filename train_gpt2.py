@@ -135,8 +135,6 @@ class TrainConfig:
             raise ValueError("--optimizer muon needs --muon_lr > 0")
         if self.compile not in ("auto", "true", "false"):
             raise ValueError("--compile must be auto, true or false")
-        if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", self.device):
-            raise ValueError("--device must be auto, cpu, cuda, cuda:N or mps")
         if not (self.data_root and self.log_dir and self.init_from):
             raise ValueError("--data_root, --log_dir and --init_from must not be empty")
 
@@ -496,34 +494,6 @@ class Muon(torch.optim.Optimizer):
                 torch._foreach_add_([p for p, _ in pairs], list(ortho.unbind()), alpha=-lr)
 
 
-def load_model(source, device="cpu", dropout=None):
-    # (model, tokenizer) from one of our checkpoints (.pt), a Hugging Face GPT-2 directory or a
-    # hub name (these two with GPT-2's tokenizer); what cannot load is one ValueError line. The
-    # model's dropout is `dropout`, or None: the checkpoint's (a Hugging Face model's: none).
-    if not str(source).endswith(".pt"):
-        model = GPT.from_pretrained(str(source), dropout or 0.0)
-        # GPT-2's tokenizer goes with it: a smaller table would be handed ids it does not hold
-        if model.config.vocab_size < fineweb.GPT2_VOCAB_SIZE:
-            raise ValueError(
-                f"{source}: a vocabulary of {model.config.vocab_size:,} tokens, not GPT-2's"
-                f" {fineweb.GPT2_VOCAB_SIZE:,}: load the .pt checkpoint it was exported from"
-            )
-        return model.to(device), fineweb.get_tokenizer()
-    ckpt = load_checkpoint(source)
-    try:
-        # (a checkpoint of the previous version records a bias flag too: its weights are the same)
-        saved = ckpt["model_config"]
-        fields = {k: v for k, v in saved.items() if k in GPTConfig.__dataclass_fields__}
-        if dropout is not None:
-            fields["dropout"] = dropout
-        model = GPT(GPTConfig(**fields))
-        model.load_state_dict(ckpt["model"])
-        enc = fineweb.tokenizer_from_manifest(ckpt["tokenizer"])
-    except (KeyError, TypeError, AttributeError, RuntimeError) as e:
-        raise ValueError(f"{source} is not a checkpoint of train_gpt2.py's GPT ({e})") from None
-    return model.to(device), enc
-
-
 # -----------------------------------------------------------------------------
 # Data: fineweb.py's shards, read in windows
 
@@ -541,13 +511,9 @@ def verify_shards(data_root, manifest, vocab_size, rank, world):
 
 
 def load_shards(data_root, split, manifest):
-    # the split's shards, memory-mapped, each checked against manifest.json
-    shards = []
-    for entry in [e for e in manifest["shards"] if e["split"] == split]:
-        tokens = np.load(Path(data_root) / entry["file"], mmap_mode="r")
-        if tokens.dtype != np.uint16 or tokens.shape != (entry["tokens"],):
-            raise ValueError(f"{entry['file']} changed since fineweb.py wrote it; rerun fineweb.py")
-        shards.append(tokens)
+    # the split's shards, memory-mapped (verify_shards has checked them against the manifest)
+    entries = [e for e in manifest["shards"] if e["split"] == split]
+    shards = [np.load(Path(data_root) / e["file"], mmap_mode="r") for e in entries]
     if not shards:
         raise ValueError(f"no {split} shards in {data_root}; run fineweb.py")
     return shards
@@ -766,13 +732,30 @@ def evaluate_val_loss(model, val_loader, val_steps, amp=None, stop=None):
     return loss_sum / batches
 
 
+def prompt_ids(enc, prompt, block_size, flag="the prompt"):
+    # a sampling prompt's ids (an empty one: <|endoftext|> alone), or one ValueError line naming
+    # `flag`: a character the tokenizer lacks, nothing to start from, no room left in the
+    # model's context for a sampled token
+    try:
+        ids = enc.encode(prompt, allowed_special="all")
+    except ValueError as e:
+        raise ValueError(f"{flag}: {e}") from None
+    if not ids and enc.eot_token is None:
+        raise ValueError(f"{flag} is empty, and this model has no <|endoftext|> to start from")
+    ids = ids or [enc.eot_token]
+    if len(ids) >= block_size:
+        raise ValueError(
+            f"{flag} is {len(ids)} tokens: the model's context is {block_size} tokens,"
+            f" so the prompt must be {block_size - 1} at most"
+        )
+    return ids
+
+
 def sample_texts(
     model, enc, prompt, num_samples, max_new_tokens, top_k=50, temperature=1.0, seed=42
 ):
-    # seeded samples continuing `prompt` (an empty one: <|endoftext|> alone, if enc has it)
-    ids = enc.encode(prompt, allowed_special="all") or [enc.eot_token]
-    if None in ids or not len(ids) < model.config.block_size:
-        raise ValueError(f"the prompt must be 1 to {model.config.block_size - 1} tokens")
+    # seeded samples continuing `prompt`
+    ids = prompt_ids(enc, prompt, model.config.block_size)
     device = next(model.parameters()).device
     idx = torch.tensor(ids, device=device).repeat(num_samples, 1)  # (num_samples, T)
     generator = torch.Generator(device=device).manual_seed(seed)
@@ -818,6 +801,34 @@ def load_checkpoint(path):
     if not isinstance(ckpt, dict) or not {"model", "model_config", "step"} <= ckpt.keys():
         raise ValueError(f"{path} is not a train_gpt2.py checkpoint")
     return ckpt
+
+
+def load_model(source, device="cpu", dropout=None):
+    # (model, tokenizer) from one of our checkpoints (.pt), a Hugging Face GPT-2 directory or a
+    # hub name (these two with GPT-2's tokenizer); what cannot load is one ValueError line. The
+    # model's dropout is `dropout`, or None: the checkpoint's (a Hugging Face model's: none).
+    if not str(source).endswith(".pt"):
+        model = GPT.from_pretrained(str(source), dropout or 0.0)
+        # GPT-2's tokenizer goes with it: a smaller table would be handed ids it does not hold
+        if model.config.vocab_size < fineweb.GPT2_VOCAB_SIZE:
+            raise ValueError(
+                f"{source}: a vocabulary of {model.config.vocab_size:,} tokens, not GPT-2's"
+                f" {fineweb.GPT2_VOCAB_SIZE:,}: load the .pt checkpoint it was exported from"
+            )
+        return model.to(device), fineweb.get_tokenizer()
+    ckpt = load_checkpoint(source)
+    try:
+        # (a checkpoint of the previous version records a bias flag too: its weights are the same)
+        saved = ckpt["model_config"]
+        fields = {k: v for k, v in saved.items() if k in GPTConfig.__dataclass_fields__}
+        if dropout is not None:
+            fields["dropout"] = dropout
+        model = GPT(GPTConfig(**fields))
+        model.load_state_dict(ckpt["model"])
+        enc = fineweb.tokenizer_from_manifest(ckpt["tokenizer"])
+    except (KeyError, TypeError, AttributeError, RuntimeError) as e:
+        raise ValueError(f"{source} is not a checkpoint of train_gpt2.py's GPT ({e})") from None
+    return model.to(device), enc
 
 
 def save_checkpoint(path, checkpoint):
@@ -1042,6 +1053,13 @@ class StopSignal:
 # Training
 
 
+def out_of_memory(error):
+    # whether a RuntimeError says a tensor did not fit: torch.OutOfMemoryError (a GPU's), the
+    # CPU's and MPS's allocators ("can't allocate memory"), a size past int64 ("overflowed")
+    text = str(error)
+    return isinstance(error, torch.OutOfMemoryError) or "memory" in text or "overflow" in text
+
+
 def micro_steps(cfg, world_size):
     # the batch arithmetic: B x T tokens per micro-step and rank, accumulated to the total
     tokens = cfg.batch_size * cfg.seq_len * world_size
@@ -1067,7 +1085,7 @@ def build_model(cfg, enc):
         try:
             return GPT(config)
         except RuntimeError as e:
-            if "memory" not in str(e):
+            if not out_of_memory(e):
                 raise
             raise ValueError(
                 f"{config} does not fit in memory: lower --n_layer or --n_embd"

@@ -252,6 +252,12 @@ def one_line_error(returncode, stderr, prefix, message=""):
     assert message in lines[0], lines[0]
 
 
+def cases(names, contract=()):
+    """pytest parameters of names, those in `contract` marked gpt2_contract (GPT-2 as shipped:
+    an architecture edit may change what they see)."""
+    return [pytest.param(n, marks=pytest.mark.gpt2_contract) if n in contract else n for n in names]
+
+
 def run_main(main, argv, capsys):
     """main(argv) in this process, as a shell would see it: (exit status, stderr)."""
     with pytest.raises(SystemExit) as exit:

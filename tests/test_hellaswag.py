@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from conftest import finish, one_line_error, run_main, run_program, start
+from conftest import cases, finish, one_line_error, run_main, run_program, start
 
 import hellaswag
 import train_gpt2
@@ -617,14 +617,8 @@ BAD_INPUTS = {
 }
 
 
-# loading a Hugging Face GPT-2 directory into our GPT: the GPT-2 contract's
-HF_CASES = {"another vocabulary"}
-
-
-@pytest.mark.parametrize(
-    "name",
-    [pytest.param(n, marks=pytest.mark.gpt2_contract) if n in HF_CASES else n for n in BAD_INPUTS],
-)
+# (loading a Hugging Face GPT-2 directory into our GPT: the GPT-2 contract's)
+@pytest.mark.parametrize("name", cases(BAD_INPUTS, contract={"another vocabulary"}))
 def test_bad_input_is_one_line(inputs, capsys, monkeypatch, name):
     args, message = BAD_INPUTS[name]
     if name == "out of memory":

@@ -7,7 +7,7 @@ import re
 
 import pytest
 import torch
-from conftest import make_corpus, one_line_error, run_main, run_program, tiny_config
+from conftest import cases, make_corpus, one_line_error, run_main, run_program, tiny_config
 
 import sample
 import train_gpt2
@@ -174,14 +174,8 @@ BAD_INPUTS = {
 }
 
 
-# loading a Hugging Face GPT-2 directory into our GPT: the GPT-2 contract's
-HF_CASES = {"exported character model"}
-
-
-@pytest.mark.parametrize(
-    "name",
-    [pytest.param(n, marks=pytest.mark.gpt2_contract) if n in HF_CASES else n for n in BAD_INPUTS],
-)
+# (loading a Hugging Face GPT-2 directory into our GPT: the GPT-2 contract's)
+@pytest.mark.parametrize("name", cases(BAD_INPUTS, contract={"exported character model"}))
 def test_bad_input_is_one_line(checkpoint, inputs, capsys, name):
     args, message = BAD_INPUTS[name]
     before = sorted(p.name for p in inputs.iterdir())
