@@ -131,13 +131,15 @@ def char_tokenizer(enc, block_size):
 @torch.no_grad()
 def check_export(model, enc, out):
     # The directory, loaded back by transformers, computes our logits on
-    # fixed random ids (2, T), <|endoftext|> among them (a model may treat it
-    # apart: document masking), within float32 rounding (1e-4 of the largest
-    # logit), and tokenizes their text as we do; or a ValueError.
+    # fixed random ids (2, T) of the model's whole context (an edit may show
+    # only at distant positions: a sliding window), <|endoftext|> among them
+    # (a model may treat it apart: document masking), within float32
+    # rounding (1e-4 of the largest logit), and tokenizes their text as we
+    # do; or a ValueError.
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     hf = AutoModelForCausalLM.from_pretrained(out).eval()
-    T = min(64, model.config.block_size)
+    T = model.config.block_size
     generator = torch.Generator().manual_seed(0)
     idx = torch.randint(0, enc.n_vocab, (2, T), generator=generator)
     if enc.eot_token is not None:
@@ -147,7 +149,7 @@ def check_export(model, enc, out):
     if not diff <= 1e-4 * max(1.0, ours.abs().max().item()):
         raise ValueError(
             f"GPT-2's format cannot hold this model: its logits differ from ours by {diff:.3g}"
-            " (another activation, an untied head, capped logits or other modules?)"
+            " (another activation, attention or positions, an untied head, capped logits?)"
         )
     text = enc.decode(idx[0].tolist())
     theirs = AutoTokenizer.from_pretrained(out)(text)["input_ids"]

@@ -41,9 +41,11 @@ REFERENCES = {
     "val": {"GPT-2 124M val": 3.2924},
     "hella": {"GPT-2 124M": 0.2955, "GPT-3 124M": 0.337},
 }
-# a comparison's panels and the kinds on each, and the kinds of its table
-COMPARED = {"loss": ["train", "val"], "bpb": ["bpb"], "HellaSwag acc_norm": ["hella"]}
-TABLE = ["val", "bpb", "hella"]
+# The train line's bookkeeping: drawn in a run's curves, left out of comparisons, which draw
+# (and tabulate, all but the noisy train loss) every other kind the runs logged, a metric added
+# to the trainer included. These kinds come first, in this order.
+BOOKKEEPING = {"lr", "norm", "ms", "tok_per_s", "epoch", "mfu", "spike"}
+FIRST = ["train", "val", "bpb", "hella"]
 # in a comparison the train loss (every step, noisy) is thin and
 # translucent, the evaluations (every few hundred steps) bold
 THIN = {"lw": 1, "alpha": 0.35}
@@ -233,10 +235,17 @@ def draw_run(ax, run, kinds, color, x):
         ax.plot(steps, values, color=color, label=label, **style)
 
 
+def compared_kinds(runs):
+    """The kinds some run logged, less BOOKKEEPING: FIRST's first,
+    then the others by name."""
+    logged = {kind for run in runs for kind in run.series} - BOOKKEEPING
+    return [k for k in FIRST if k in logged] + sorted(logged - set(FIRST))
+
+
 def comparison_figure(runs, references=None):
     """runs drawn together as a matplotlib Figure on the Agg canvas.
 
-    A column per panel of COMPARED that some run has values for;
+    A column per panel of the compared kinds (PANELS groups them);
     a row against steps, and a row against tokens holding the
     runs whose total_batch_size is known. Run i is colour Ci in
     every panel. references: as figure()'s.
@@ -246,12 +255,11 @@ def comparison_figure(runs, references=None):
     from matplotlib.ticker import EngFormatter
 
     panels = {}
-    for title, kinds in COMPARED.items():
-        if any(kind in run.series for run in runs for kind in kinds):
-            panels[title] = kinds
+    for kind in compared_kinds(runs):
+        panels.setdefault(PANELS.get(kind, kind), []).append(kind)
     if not panels:
         names = ", ".join(run.name for run in runs)
-        raise ValueError(f"{names}: no train, val, bpb or hella logged yet, nothing to compare")
+        raise ValueError(f"{names}: no metric logged yet, nothing to compare")
     rows = ["step"]
     if any(run.tokens_per_step for run in runs):
         rows.append("tokens")
@@ -297,16 +305,17 @@ def markdown(rows):
 
 
 def table(runs):
-    """Each run's last val, bpb and hella (the value at the highest
-    step that has one), its difference to the first run's, and
-    that step, as a markdown table."""
+    """Each run's last value of each compared kind but train (the
+    value at the highest step that has one), its difference to the
+    first run's, and that step, as a markdown table."""
+    kinds = [kind for kind in compared_kinds(runs) if kind != "train"]
     header = ["run"]
-    for kind in TABLE:
+    for kind in kinds:
         header += [kind, "diff", "step"]
     rows = [header]
     for run in runs:
         row = [run.name]
-        for kind in TABLE:
+        for kind in kinds:
             points = run.series.get(kind)
             first_points = runs[0].series.get(kind)
             if not points:
@@ -334,12 +343,19 @@ def value_differences(before, after, prefix=""):
     return lines
 
 
+def settings(record):
+    """A run's config, its model's config over it (older records
+    have none)."""
+    merged = {**record["config"], **record.get("model", {})}
+    return {k: v for k, v in merged.items() if k != "log_dir"}
+
+
 def config_differences(first, run):
-    """The config keys (log_dir left out: every run has its own)
-    and the data whose values differ from the first run's."""
-    before = {k: v for k, v in first.record["config"].items() if k != "log_dir"}
-    after = {k: v for k, v in run.record["config"].items() if k != "log_dir"}
-    lines = value_differences(before, after)
+    """The config keys (log_dir left out: every run has its own),
+    the model's (as built: an --init_from model is not the config's
+    shape flags) and the data whose values differ from the first
+    run's."""
+    lines = value_differences(settings(first.record), settings(run.record))
     # a loss compares only on the same data: say so when it is not
     data_before = first.record.get("data") or {}
     data_after = run.record.get("data") or {}

@@ -48,30 +48,34 @@ import plot
 # Configuration
 
 
-@dataclasses.dataclass
-class GPTConfig:
-    block_size: int = 1024  # maximum sequence length
-    vocab_size: int = 50257  # 50,000 BPE merges + 256 byte tokens + <|endoftext|>
+@dataclasses.dataclass(kw_only=True)
+class ModelConfig:
+    # The model's hyper-parameters that a run chooses. TrainConfig inherits them, so each is a flag
+    # of train_gpt2.py too: a field added here reaches the model, its checkpoints and the command
+    # line. (From scratch; --init_from brings its own, all but dropout.)
     n_layer: int = 12  # number of transformer blocks
     n_head: int = 12  # attention heads per block
     n_embd: int = 768  # width of the residual stream
     dropout: float = 0.0  # on embeddings, attention weights and both residual branches
 
 
-@dataclasses.dataclass
-class TrainConfig:
-    # One training run. Every field is a flag of the same name (--max_lr 3e-4), typed by its
-    # annotation; the comment on its line, if any, is its --help.
+@dataclasses.dataclass(kw_only=True)
+class GPTConfig(ModelConfig):
+    # and what the data and the context fix
+    block_size: int = 1024  # maximum sequence length
+    vocab_size: int = 50257  # 50,000 BPE merges + 256 byte tokens + <|endoftext|>
+
+
+@dataclasses.dataclass(kw_only=True)
+class TrainConfig(ModelConfig):
+    # One training run: ModelConfig's fields and these. Every field is a flag of the same name
+    # (--max_lr 3e-4), typed by its annotation; the comment on its line, if any, is its --help.
 
     # data and output
     data_root: str = "edu_fineweb10B"  # fineweb.py's output directory (shards, manifest.json)
     log_dir: str = "log"  # log.txt, runs.jsonl, code/, checkpoints and curves.png go here
     shuffle: bool = False  # each epoch in a seeded order, on a window grid moved each epoch
-    # model (from scratch; --init_from brings its own shape)
-    n_layer: int = 12  # transformer blocks
-    n_head: int = 12  # attention heads
-    n_embd: int = 768  # residual stream width
-    dropout: float = 0.0  # dropout while training (GPT-2 pretraining: none)
+    # the model: from scratch (ModelConfig's fields) or from weights
     init_from: str = "scratch"  # scratch | gpt2 | gpt2-medium | ... | HF_DIR | CHECKPOINT.pt
     # batch
     batch_size: int = 64  # micro-batch B: rows per forward pass per process
@@ -199,7 +203,7 @@ class KVCache:
 
     def __init__(self, n_layer):
         self.kv = [None] * n_layer
-        self.pos = 0  # positions cached
+        self.pos = 0  # positions cached (GPT.forward adds a call's T after its last block)
 
     def update(self, layer, k, v):
         # k, v (B, nh, T, hs) of the new positions -> those of all positions so far
@@ -358,22 +362,30 @@ class GPT(nn.Module):
                 ) from None
             raise ValueError(f"{name_or_dir}: transformers cannot load it ({reason})") from None
         c = hf.config
-        model = cls(GPTConfig(c.n_positions, c.vocab_size, c.n_layer, c.n_head, c.n_embd, dropout))
+        config = GPTConfig(
+            block_size=c.n_positions,
+            vocab_size=c.vocab_size,
+            n_layer=c.n_layer,
+            n_head=c.n_head,
+            n_embd=c.n_embd,
+            dropout=dropout,
+        )
+        model = cls(config)
         sd = model.state_dict()
         # the causal-mask buffers of older transformers versions are not weights
         sd_hf = {k: v for k, v in hf.state_dict().items() if not k.endswith(".attn.bias")}
         # what our model hard-codes: another value would load and compute another model
         gelu = c.activation_function in ("gelu_new", "gelu_pytorch_tanh")
-        if (
-            not gelu
-            or not c.tie_word_embeddings
-            or c.layer_norm_epsilon != 1e-5
-            or sd_hf.keys() != sd.keys()
-        ):
-            raise ValueError(f"{name_or_dir}: not GPT-2 (its activation, head, norms or modules)")
+        weights = {k: w.t() if k.endswith(HF_TRANSPOSED) else w for k, w in sd_hf.items()}
+        same_shapes = weights.keys() == sd.keys()
+        same_shapes = same_shapes and all(w.shape == sd[k].shape for k, w in weights.items())
+        if not gelu or not c.tie_word_embeddings or c.layer_norm_epsilon != 1e-5 or not same_shapes:
+            raise ValueError(
+                f"{name_or_dir}: not GPT-2 (its activation, head, norms, modules or their shapes)"
+            )
         with torch.no_grad():
-            for k, w in sd_hf.items():
-                sd[k].copy_(w.t() if k.endswith(HF_TRANSPOSED) else w)
+            for k, w in weights.items():
+                sd[k].copy_(w)
         return model
 
     def configure_optimizers(
@@ -873,8 +885,11 @@ def check_resumable(ckpt, model, cfg, data):
     for name in ("batch_size", "seq_len", "total_batch_size", "shuffle", "seed", "optimizer"):
         if saved.get(name) != getattr(cfg, name):
             raise ValueError(f"resume: --{name} was {saved.get(name)} {fix}")
+    # every field of the model's config, one the checkpoint predates at its default
     ours = dataclasses.asdict(model.config)
-    for name, value in ckpt["model_config"].items():
+    theirs = {f.name: f.default for f in dataclasses.fields(GPTConfig)}
+    theirs.update(ckpt["model_config"])
+    for name, value in theirs.items():
         if name != "dropout" and ours.get(name) != value:
             raise ValueError(
                 f"resume: its model's {name} is {value}, this one's {ours.get(name)} {fix}"
@@ -1079,9 +1094,8 @@ def build_model(cfg, enc):
     if cfg.init_from == "scratch":
         # the data's tokenizer's ids; GPT-2's 50,257 padded to 50,304 (a multiple of 128): faster
         vocab_size = 50304 if enc.name == "gpt2" else enc.n_vocab
-        config = GPTConfig(
-            cfg.seq_len, vocab_size, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.dropout
-        )
+        shape = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(ModelConfig)}
+        config = GPTConfig(block_size=cfg.seq_len, vocab_size=vocab_size, **shape)
         try:
             return GPT(config)
         except RuntimeError as e:
@@ -1112,13 +1126,15 @@ class Metrics:
         self.first = None  # (time, step) of the first training step reported
 
     def report(self, step, **values):
+        # an int as it is (a count of tokens), any other number to 6 significant digits
+        text = {k: str(v) if isinstance(v, int) else f"{v:.6g}" for k, v in values.items()}
         line = f"step {step:5d}/{self.max_steps} | "
-        line += " | ".join(f"{k} {v:.6g}" for k, v in values.items())
+        line += " | ".join(f"{k} {v}" for k, v in text.items())
         if "train" in values:
             line += f" | {self.time_left(step)}"
         self.log(line)
         try:
-            self.file.write("".join(f"{step} {k} {v:.6g}\n" for k, v in values.items()))
+            self.file.write("".join(f"{step} {k} {v}\n" for k, v in text.items()))
             self.file.flush()
         except OSError as e:
             raise OSError(f"cannot write {self.path}: {e.strerror or e}") from None
@@ -1270,6 +1286,8 @@ def run(cfg, rank, local_rank, world_size, device, log):
             "step": start_step,
             "resumed_from": path and str(path),
             "config": dataclasses.asdict(cfg),
+            # the model as built: with --init_from, not the config's shape flags
+            "model": dataclasses.asdict(raw_model.config),
             "data": dict(data, dataset=manifest.get("dataset")),
             "world_size": world_size,
             "device": torch.cuda.get_device_name(device) if device_type == "cuda" else device,

@@ -11,6 +11,7 @@ import dataclasses
 import json
 import random
 import signal
+import types
 
 import pytest
 import torch
@@ -60,10 +61,12 @@ def nudge(model, std, seed=0):
     return model
 
 
-def char_checkpoint(path, chars, n_embd=32, seed=0):
+def char_checkpoint(path, chars, n_embd=32, seed=0, block_size=32):
     # a character-level checkpoint, made directly, with train_gpt2.GPT as it is now
     torch.manual_seed(seed)
-    config = train_gpt2.GPTConfig(32, len(chars), 2, 2, n_embd)
+    config = train_gpt2.GPTConfig(
+        block_size=block_size, vocab_size=len(chars), n_layer=2, n_head=2, n_embd=n_embd
+    )
     model = nudge(train_gpt2.GPT(config), 0.3, seed)
     ckpt = {
         "model": model.state_dict(),
@@ -326,8 +329,8 @@ def soft_capped(monkeypatch):
     # logits soft-capped at 5 (tanh), as some newer models do
     forward = train_gpt2.GPT.forward
 
-    def capped(self, idx, targets=None, kv_cache=None):
-        logits, loss = forward(self, idx, targets, kv_cache)
+    def capped(self, *args, **kwargs):
+        logits, loss = forward(self, *args, **kwargs)
         return 5 * torch.tanh(logits / 5), loss
 
     monkeypatch.setattr(train_gpt2.GPT, "forward", capped)
@@ -393,6 +396,24 @@ BAD_INPUTS = {
     "the exact GELU": (erf_gelu, ["{root}/model.pt", "{root}/out"], "GPT-2's format cannot hold"),
     "capped logits": (soft_capped, ["{root}/model.pt", "{root}/out"], "GPT-2's format cannot"),
 }
+
+
+def test_an_edit_seen_only_at_distant_positions_is_refused(tmp_path, capsys, monkeypatch):
+    # Sliding-window attention over the last 64 positions: its logits are GPT-2's at the first
+    # 64 positions, so only a check over the whole context (96) sees that GPT-2 differs.
+    sdpa = F.scaled_dot_product_attention
+
+    def windowed(q, k, v, attn_mask=None, is_causal=False, dropout_p=0.0):
+        T, S = q.size(-2), k.size(-2)  # queries, keys (the last T of them are the queries')
+        mask = torch.ones(T, S, dtype=torch.bool).tril(S - T).triu(S - T - 63)
+        return sdpa(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+
+    functional = types.SimpleNamespace(**{**vars(F), "scaled_dot_product_attention": windowed})
+    monkeypatch.setattr(train_gpt2, "F", functional)
+    checkpoint = char_checkpoint(tmp_path / "model.pt", "abcdefgh", block_size=96)
+    code, err = run_main(export_hf.main, [checkpoint, tmp_path / "out"], capsys)
+    one_line_error(code, err, "export_hf.py", "GPT-2's format cannot hold this model")
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("name", BAD_INPUTS)

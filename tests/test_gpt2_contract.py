@@ -70,7 +70,7 @@ def test_each_of_the_four_sizes_imports_exactly(tmp_path, name):
     (n_layer, n_head, n_embd), _ = SIZES[name]
     theirs = hf_model(tmp_path, 1, n_head, n_embd, vocab_size=512)
     ours = GPT.from_pretrained(str(tmp_path))
-    assert ours.config == GPTConfig(1024, 512, 1, n_head, n_embd)
+    assert ours.config == GPTConfig(vocab_size=512, n_layer=1, n_head=n_head, n_embd=n_embd)
     assert_same_logits(ours, theirs, 512, 1024)
 
 
@@ -78,7 +78,7 @@ def test_each_of_the_four_sizes_imports_exactly(tmp_path, name):
 def test_parameter_counts_of_the_four_sizes(name):
     (n_layer, n_head, n_embd), expected = SIZES[name]
     with torch.device("meta"):
-        model = GPT(GPTConfig(1024, 50257, n_layer, n_head, n_embd))
+        model = GPT(GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd))
     assert sum(p.numel() for p in model.parameters()) == expected
 
 
@@ -87,7 +87,7 @@ def test_module_names_are_huggingface_keys(tmp_path):
 
     with torch.device("meta"):
         theirs = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=97))
-        ours = GPT(GPTConfig(1024, 97, 2, 2, 32))
+        ours = GPT(GPTConfig(vocab_size=97, n_layer=2, n_head=2, n_embd=32))
     keys = {k for k in theirs.state_dict() if not k.endswith(".attn.bias")}
     assert keys == set(ours.state_dict())
     assert ours.lm_head.weight is ours.transformer.wte.weight
@@ -99,6 +99,7 @@ def test_module_names_are_huggingface_keys(tmp_path):
         dict(activation_function="relu"),
         dict(tie_word_embeddings=False),
         dict(layer_norm_epsilon=1e-6),
+        dict(n_inner=64),  # an MLP 2 x n_embd wide, not 4 x
     ],
 )
 def test_a_model_that_is_not_gpt2_is_refused(tmp_path, extra):
@@ -116,7 +117,7 @@ def test_load_model_reads_a_huggingface_directory_with_gpt2s_tokenizer(tmp_path)
 
 def test_gpt2s_init():
     torch.manual_seed(0)
-    model = GPT(GPTConfig(1024, 50304, 12, 12, 768))
+    model = GPT(GPTConfig(vocab_size=50304))
     blocks = model.transformer.h
     assert model.transformer.wte.weight.std().item() == pytest.approx(0.02, rel=0.01)
     assert blocks[0].attn.c_attn.weight.std().item() == pytest.approx(0.02, rel=0.01)

@@ -477,7 +477,9 @@ def make_checkpoint(path, tokenizer="gpt2", block_size=64):
     model_config, step, tokenizer as fineweb.tokenizer_info has it)."""
     import dataclasses
 
-    config = train_gpt2.GPTConfig(block_size, vocab_size=50304, n_layer=1, n_head=2, n_embd=16)
+    config = train_gpt2.GPTConfig(
+        block_size=block_size, vocab_size=50304, n_layer=1, n_head=2, n_embd=16
+    )
     ckpt = {
         "model": train_gpt2.GPT(config).state_dict(),
         "model_config": dataclasses.asdict(config),
@@ -555,7 +557,7 @@ def inputs(tmp_path_factory, examples, quiet_transformers):
 
 def out_of_memory(monkeypatch):
     # what a GPU says when a batch does not fit (a CPU rarely gets there)
-    def forward(self, idx, targets=None, kv_cache=None):
+    def forward(self, *args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB")
 
     monkeypatch.setattr(train_gpt2.GPT, "forward", forward)

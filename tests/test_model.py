@@ -2,6 +2,8 @@
 after a research edit (another activation, RoPE, an untied or soft-capped head), so none of
 them pins a number of GPT-2's. GPT-2 itself is tests/test_gpt2_contract.py's."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -74,7 +76,10 @@ def ids(config, shape, endoftext):
 
 
 # a small vocabulary, and GPT-2's (padded) with <|endoftext|> among the ids
-CACHE_CASES = [(CONFIG, False), (GPTConfig(16, 50304, 2, 2, 32), True)]
+CACHE_CASES = [
+    (CONFIG, False),
+    (GPTConfig(block_size=16, vocab_size=50304, n_layer=2, n_head=2, n_embd=32), True),
+]
 
 
 @pytest.mark.parametrize("config, endoftext", CACHE_CASES, ids=["small vocab", "endoftext"])
@@ -125,7 +130,7 @@ def test_sampling_is_seeded_and_keeps_out_of_padded_ids(model):
 
 def test_eval_mode_is_deterministic_with_dropout():
     torch.manual_seed(0)
-    model = GPT(GPTConfig(16, 61, 2, 2, 32, dropout=0.5))
+    model = GPT(dataclasses.replace(CONFIG, dropout=0.5))
     idx = torch.randint(0, 61, (2, 8))
     model.train()
     assert not torch.equal(model(idx)[0], model(idx)[0])
@@ -230,7 +235,7 @@ def test_a_loader_state_resumes_mid_epoch_and_across_epochs():
 def test_sample_texts_continue_the_prompt():
     enc = fineweb.CharTokenizer("\n abcdefghij")
     torch.manual_seed(0)
-    model = GPT(GPTConfig(16, enc.n_vocab, 1, 2, 16))
+    model = GPT(GPTConfig(block_size=16, vocab_size=enc.n_vocab, n_layer=1, n_head=2, n_embd=16))
     texts = train_gpt2.sample_texts(model, enc, "abc", 3, 20, seed=1)
     assert len(texts) == 3 and all(t.startswith("abc") and len(t) == 23 for t in texts)
     assert texts == train_gpt2.sample_texts(model, enc, "abc", 3, 20, seed=1)

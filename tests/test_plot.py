@@ -256,6 +256,24 @@ def test_comparing_runs_prints_their_last_values_and_differences(tmp_path, monke
     assert err == f"plot.py: warning: {warning}\n"
 
 
+def test_a_metric_the_trainer_adds_is_compared_too(tmp_path, monkeypatch, capsys):
+    # a researcher's new metric (val_acc) gets a column and a panel with no edit of plot.py; the
+    # train line's bookkeeping (lr here) gets neither
+    monkeypatch.chdir(tmp_path)
+    for name, acc in (("base", 0.30), ("new", 0.32)):
+        run = write_metrics(
+            tmp_path / "log" / name, train=TRAIN, val={10: 4.5}, val_acc={10: acc}, lr={0: 6e-4}
+        )
+        write_record(run)
+    plot.main(["log/base", "log/new"])
+    rows = table_rows(capsys.readouterr().out)
+    assert rows.pop("run") == "val|diff|step|val_acc|diff|step"
+    assert rows["log/new"] == "4.5000|+0.0000|10|0.3200|+0.0200|10"
+    runs = [plot.read_run(Path("log") / name) for name in ("base", "new")]
+    titles = [ax.get_title() for ax in plot.comparison_figure(runs).axes]
+    assert titles == ["loss", "val_acc"] * 2  # against steps, then tokens
+
+
 SOURCE = "import torch\n\n\nclass GPTConfig:\n    n_layer: int = 12\n    n_head: int = 12\n"
 
 
@@ -383,7 +401,7 @@ def test_gpt2s_lines_only_when_every_run_is_on_fineweb_edu(tmp_path):
             ["run", "run2", "--out", "run2/c.png"],
             "--out run2/c.png is in run2, a run's log_dir: give --out",
         ),
-        (["lr", "lr"], "lr, lr: no train, val, bpb or hella logged yet, nothing to compare"),
+        (["lr", "lr"], "lr, lr: no metric logged yet, nothing to compare"),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, monkeypatch, args, message):

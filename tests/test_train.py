@@ -32,6 +32,7 @@ from conftest import (
 )
 
 import fineweb
+import plot
 import train_gpt2
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -298,6 +299,7 @@ def test_each_start_records_its_config_code_versions_and_device(small_corpus, tm
     assert [r["step"] for r in runs] == [0, 2]
     assert runs[1]["resumed_from"].endswith("model_00002.pt")
     assert runs[0]["config"]["max_steps"] == 4 and runs[0]["data"]["dataset"] == "local"
+    assert runs[0]["model"] == checkpoint(tmp_path, 2)["model_config"]
     assert runs[0]["device"] == "cpu" and runs[0]["versions"]["torch"] == torch.__version__
     # the source as it ran, kept once for both starts
     assert runs[0]["code"] == runs[1]["code"]
@@ -334,9 +336,9 @@ def poisoned_forward(monkeypatch, step_of_call, factor):
     calls = {"n": 0}
     original = train_gpt2.GPT.forward
 
-    def forward(self, idx, targets=None, kv_cache=None):
-        logits, loss = original(self, idx, targets, kv_cache)
-        if torch.is_grad_enabled() and targets is not None:
+    def forward(self, *args, **kwargs):
+        logits, loss = original(self, *args, **kwargs)
+        if torch.is_grad_enabled() and loss is not None:
             calls["n"] += 1
             if calls["n"] == step_of_call:
                 loss = loss * factor
@@ -396,9 +398,16 @@ def test_samples_are_printed_from_the_prompt(small_corpus, tmp_path):
 def test_init_from_a_checkpoint_starts_a_new_run_from_its_weights(small_corpus, tmp_path):
     train(small_corpus, tmp_path / "a", max_steps=6)
     source = tmp_path / "a" / "model_00006.pt"
-    result, lines = train(small_corpus, tmp_path / "b", max_steps=3, init_from=source)
+    # (its shape is the checkpoint's: --n_layer 5 is not applied)
+    train(small_corpus, tmp_path / "b", max_steps=3, init_from=source, n_layer=5)
     assert read_log(tmp_path / "b")["val"][0] == pytest.approx(read_log(tmp_path / "a")["val"][6])
     assert checkpoint(tmp_path / "b", 3)["step"] == 3
+    # runs.jsonl records the model as built, and plot.py compares that
+    record = json.loads((tmp_path / "b" / "runs.jsonl").read_text())
+    assert record["config"]["n_layer"] == 5 and record["model"]["n_layer"] == 2
+    runs = [plot.read_run(tmp_path / name) for name in "ab"]
+    differences = plot.config_differences(*runs)
+    assert "max_steps: 6 -> 3" in differences and not any("n_layer" in d for d in differences)
 
 
 def test_a_checkpoint_of_the_previous_version_still_gives_its_weights(small_corpus, tmp_path):
@@ -417,15 +426,36 @@ def test_a_checkpoint_of_the_previous_version_still_gives_its_weights(small_corp
     train(small_corpus, tmp_path / "c", max_steps=2, init_from=path)
 
 
+def test_a_metric_is_logged_to_6_digits_and_a_count_exactly(tmp_path):
+    lines = []
+    metrics = train_gpt2.Metrics(tmp_path, 19073, None, lines.append)
+    metrics.report(1233, val=3.14159265, tokens=646971392)
+    assert lines == ["step  1233/19073 | val 3.14159 | tokens 646971392"]
+    assert (tmp_path / "log.txt").read_text() == "1233 val 3.14159\n1233 tokens 646971392\n"
+
+
 def test_wandb_gets_every_metric_and_a_resume_continues_its_run(
     small_corpus, tmp_path, monkeypatch
 ):
-    pytest.importorskip("wandb")
+    wandb = pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     monkeypatch.setenv("WANDB_SILENT", "true")
+    # what the run hands to wandb's own Run.log (which then writes it)
+    handed = []
+    log = wandb.Run.log
+
+    def recorded(self, data, step=None, commit=None):
+        handed.extend((step, kind, value) for kind, value in data.items())
+        return log(self, data, step=step, commit=commit)
+
+    monkeypatch.setattr(wandb.Run, "log", recorded)
     run = tmp_path / "run"
     train(small_corpus, run, max_steps=6, ckpt_interval=3, wandb_project="test")
+    # every metric of log.txt, at its step (log.txt keeps 6 significant digits)
+    logged = [line.split() for line in (run / "log.txt").read_text().splitlines()]
+    assert [(int(step), kind) for step, kind, _ in logged] == [(s, k) for s, k, _ in handed]
+    assert all(float(v) == pytest.approx(h[2], rel=1e-5) for (*_, v), h in zip(logged, handed))
     wandb_id = checkpoint(run, 6)["wandb_id"]
     (run / "model_00006.pt").unlink()
     train(small_corpus, run, max_steps=6, ckpt_interval=3, wandb_project="test", resume="auto")
@@ -922,6 +952,36 @@ def test_a_forks_new_field_without_a_comment_is_a_flag(tmp_path):
     assert proc.returncode == 0 and proc.stdout == "2.0\n", proc.stderr
     proc = run_program([sys.executable, str(fork), "--help"], [], env=env, cwd=tmp_path)
     assert proc.returncode == 0 and "--my_scale" in proc.stdout, proc.stderr
+
+
+def test_a_model_field_added_in_one_place_reaches_the_model_and_its_checkpoints(
+    small_corpus, tmp_path
+):
+    # A fork adds one field to ModelConfig and uses it in MLP, nothing else: it is a flag, the
+    # trained model has it and its checkpoint loads with it. A checkpoint that predates the
+    # field was made at its default: resuming it with another value is refused in one line.
+    train(small_corpus, tmp_path / "before", max_steps=2)
+    source = (ROOT / "train_gpt2.py").read_text()
+    field = "    dropout: float = 0.0  #"
+    use = "4 * config.n_embd"
+    assert field in source and source.count(use) == 2
+    source = source.replace(field, "    mlp_ratio: int = 4  # MLP width / n_embd\n" + field, 1)
+    (tmp_path / "my_train.py").write_text(source.replace(use, "config.mlp_ratio * config.n_embd"))
+    argv = tiny_flags(small_corpus, tmp_path / "run", max_steps=2) + ["--mlp_ratio", "2"]
+    resume = tiny_flags(small_corpus, tmp_path / "before", max_steps=4, resume="auto")
+    code = f"""
+import my_train
+my_train.main({argv!r})
+model, _ = my_train.load_model({str(tmp_path / "run" / "model_00002.pt")!r})
+print(model.config.mlp_ratio, model.transformer.h[0].mlp.c_fc.out_features)
+my_train.main({resume + ["--mlp_ratio", "2"]!r})
+"""
+    env = child_env(PYTHONPATH=str(ROOT))
+    proc = run_program([sys.executable, "-c", code], [], env=env, cwd=tmp_path)
+    assert "2 64" in proc.stdout.splitlines(), proc.stdout[-2000:] + proc.stderr
+    assert proc.returncode == 1
+    refusal = "resume: its model's mlp_ratio is 4, this one's 2 (a new run from its weights"
+    assert proc.stderr.startswith(f"train_gpt2.py: error: {refusal}"), proc.stderr
 
 
 def test_a_closed_stdout_ends_the_printing_not_the_run(small_corpus, tmp_path):
