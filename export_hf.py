@@ -67,11 +67,7 @@ def hf_model(model, n_vocab, eot):
 
     c = model.config
     config = GPT2Config(
-        vocab_size=c.vocab_size,
-        n_positions=c.block_size,
-        n_embd=c.n_embd,
-        n_layer=c.n_layer,
-        n_head=c.n_head,
+        **{theirs: getattr(c, ours) for ours, theirs in train_gpt2.HF_CONFIG.items()},
         activation_function="gelu_new",  # GELU, tanh approximation
         resid_pdrop=c.dropout,
         embd_pdrop=c.dropout,

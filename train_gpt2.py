@@ -275,6 +275,14 @@ class Block(nn.Module):
 
 # OpenAI's checkpoints keep these weights in Conv1D modules: (in, out), a Linear's transpose.
 HF_TRANSPOSED = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+# GPTConfig's fields under their names in transformers' GPT2Config
+HF_CONFIG = {
+    "block_size": "n_positions",
+    "vocab_size": "vocab_size",
+    "n_layer": "n_layer",
+    "n_head": "n_head",
+    "n_embd": "n_embd",
+}
 
 
 class GPT(nn.Module):
@@ -362,15 +370,8 @@ class GPT(nn.Module):
                 ) from None
             raise ValueError(f"{name_or_dir}: transformers cannot load it ({reason})") from None
         c = hf.config
-        config = GPTConfig(
-            block_size=c.n_positions,
-            vocab_size=c.vocab_size,
-            n_layer=c.n_layer,
-            n_head=c.n_head,
-            n_embd=c.n_embd,
-            dropout=dropout,
-        )
-        model = cls(config)
+        shape = {ours: getattr(c, theirs) for ours, theirs in HF_CONFIG.items()}
+        model = cls(GPTConfig(dropout=dropout, **shape))
         sd = model.state_dict()
         # the causal-mask buffers of older transformers versions are not weights
         sd_hf = {k: v for k, v in hf.state_dict().items() if not k.endswith(".attn.bias")}
