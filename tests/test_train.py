@@ -5,6 +5,7 @@ that GPTConfig builds passes these: no number of GPT-2's is pinned here."""
 import json
 import math
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -238,6 +239,10 @@ def test_resuming_after_an_edit_of_the_model_is_one_line(
     argv = tiny_flags(small_corpus, tmp_path, max_steps=4, resume="auto")
     message = "its weights are not this model's (gate differs; was the model edited since?)"
     one_line_error(*run_main(train_gpt2.main, argv, capsys), "train_gpt2.py", message)
+    # and so for sample.py, hellaswag.py, export_hf.py and --init_from, which load_model serves
+    message = "model_00002.pt is not a checkpoint of train_gpt2.py's GPT (gate differs; was"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        train_gpt2.load_model(tmp_path / "model_00002.pt")
 
 
 def test_a_resume_onto_other_data_is_refused(small_corpus, char_corpus, tmp_path):
