@@ -1244,6 +1244,9 @@ def run(cfg, rank, local_rank, world_size, device, log):
     log(f"{sum(p.numel() for p in raw_model.parameters()):,} parameters, {raw_model.config}")
     # bf16 autocast on a GPU (its tensor cores); float32 elsewhere, where bf16 is emulated
     amp = torch.bfloat16 if device_type == "cuda" else None
+    # the samples' prompt, checked now: the first sample comes after the run's first writes
+    if cfg.sample_interval:
+        prompt_ids(enc, cfg.sample_prompt, raw_model.config.block_size, "--sample_prompt")
 
     # HellaSwag, in GPT-2's tokens, rendered once: the official split (downloaded once) or a file
     hella = None

@@ -245,6 +245,14 @@ def test_resuming_after_an_edit_of_the_model_is_one_line(
         train_gpt2.load_model(tmp_path / "model_00002.pt")
 
 
+@pytest.mark.parametrize("prompt", ["\u20ac", "x" * 16])
+def test_a_bad_sample_prompt_is_refused_before_the_run_writes(char_corpus, tmp_path, prompt):
+    # a character the data's tokenizer lacks, or no room in the context (seq_len 16) for a token
+    with pytest.raises(ValueError, match="^--sample_prompt"):
+        train(char_corpus, tmp_path / "run", max_steps=2, sample_interval=2, sample_prompt=prompt)
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_resume_onto_other_data_is_refused(small_corpus, char_corpus, tmp_path):
     train(small_corpus, tmp_path / "a", max_steps=6)
     source = tmp_path / "a" / "model_00006.pt"
