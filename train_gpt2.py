@@ -114,9 +114,13 @@ class TrainConfig(ModelConfig):
 
     def __post_init__(self):
         # Checked before anything runs: a bad flag is one line now, not a failure hours later.
-        for name, value in dataclasses.asdict(self).items():
-            if type(value) in (int, float) and not 0 <= value < math.inf:
-                raise ValueError(f"--{name} must be a finite number >= 0, got {value}")
+        # Every number is finite, and >= 0 unless its default is not (a -1 meaning "off").
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if type(value) not in (int, float):
+                continue
+            if not math.isfinite(value) or value < 0 <= field.default:
+                raise ValueError(f"--{field.name} must be a finite number >= 0, got {value}")
         sizes = ["n_layer", "n_head", "n_embd", "batch_size", "seq_len", "total_batch_size"]
         for name in sizes + ["max_steps", "max_lr", "sample_length"]:
             if getattr(self, name) == 0:

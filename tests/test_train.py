@@ -2,6 +2,7 @@
 overfitting, guards, sinks), as real processes for signals, kills, DDP and bad input. Any GPT
 that GPTConfig builds passes these: no number of GPT-2's is pinned here."""
 
+import dataclasses
 import json
 import math
 import os
@@ -743,6 +744,20 @@ def test_without_evaluation_the_val_split_may_hold_less_than_a_batch(small_corpu
     sizes = dict(batch_size=B, total_batch_size=B * 16, val_tokens=B * 16, max_steps=2)
     result, _ = train(small_corpus, tmp_path, eval_interval=0, **sizes)
     assert result["step"] == 2 and sorted(read_log(tmp_path)["train"]) == [0, 1]
+
+
+def test_a_field_whose_default_is_negative_takes_negative_values():
+    # a researcher's "-1: off" (an <|endoftext|> id to mask at, say); TrainConfig's own numbers
+    # stay >= 0
+    field = ("eot_id", int, dataclasses.field(default=-1))
+    Fork = dataclasses.make_dataclass(
+        "Fork", [field], bases=(train_gpt2.TrainConfig,), kw_only=True
+    )
+    assert Fork().eot_id == -1 and Fork(eot_id=50256).eot_id == 50256
+    with pytest.raises(ValueError, match="--eot_id must be a finite number >= 0, got inf"):
+        Fork(eot_id=math.inf)
+    with pytest.raises(ValueError, match="--max_steps must be a finite number >= 0, got -1"):
+        Fork(max_steps=-1)
 
 
 BAD_INPUTS = [
