@@ -61,8 +61,9 @@ def load(checkpoint_path):
 
 def hf_model(model, n_vocab, eot):
     # A GPT2LMHeadModel with our shape, dropout and weights, its token
-    # table cut to the tokenizer's n_vocab rows (50304 -> 50257). What it
-    # cannot hold of ours shows in its logits (check_export).
+    # table cut to the tokenizer's n_vocab rows (50304 -> 50257). Weights it
+    # has no place for are refused here (RoPE has no wpe, a wider MLP); the
+    # same weights computed otherwise show in its logits (check_export).
     from transformers import GPT2Config, GPT2LMHeadModel
 
     c = model.config
@@ -81,10 +82,10 @@ def hf_model(model, n_vocab, eot):
     sd = {}
     for key, value in model.state_dict().items():
         sd[key] = value.t() if key.endswith(train_gpt2.HF_TRANSPOSED) else value
-    try:
-        hf.load_state_dict(sd, strict=False)
-    except RuntimeError:
-        raise ValueError("GPT-2's format cannot hold this model: weights of other shapes") from None
+    differ = train_gpt2.weight_differing(hf, sd)
+    if differ:
+        raise ValueError(f"GPT-2's format cannot hold this model: {differ} differs")
+    hf.load_state_dict(sd)
     hf.resize_token_embeddings(n_vocab)  # the first n_vocab rows
     return hf
 

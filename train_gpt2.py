@@ -820,16 +820,14 @@ def load_checkpoint(path):
     return ckpt
 
 
-def weights_problem(model, state):
-    # The first weight the model and a state dict do not share in name and shape, or None: a
-    # model edited since the checkpoint (RoPE, another MLP, ...) named in one line, rather than
+def weight_differing(model, state):
+    # The name of the first weight the model and a state dict do not share in name and shape, or
+    # None: a model edited since the checkpoint (RoPE, another MLP, ...) named in one line, not
     # in load_state_dict's list of every key.
     theirs = {name: tuple(w.shape) for name, w in state.items()}
     mine = {name: tuple(w.shape) for name, w in model.state_dict().items()}
     differ = sorted(theirs.keys() ^ mine.keys()) or [n for n in mine if mine[n] != theirs[n]]
-    if not differ:
-        return None
-    return f"{differ[0]} differs; was the model edited since?"
+    return differ[0] if differ else None
 
 
 def load_model(source, device="cpu", dropout=None):
@@ -853,9 +851,12 @@ def load_model(source, device="cpu", dropout=None):
         if dropout is not None:
             fields["dropout"] = dropout
         model = GPT(GPTConfig(**fields))
-        problem = weights_problem(model, ckpt["model"])
-        if problem:
-            raise ValueError(f"{source} is not a checkpoint of train_gpt2.py's GPT ({problem})")
+        differ = weight_differing(model, ckpt["model"])
+        if differ:
+            raise ValueError(
+                f"{source} is not a checkpoint of train_gpt2.py's GPT ({differ} differs; was the"
+                " model edited since?)"
+            )
         model.load_state_dict(ckpt["model"])
         enc = fineweb.tokenizer_from_manifest(ckpt["tokenizer"])
     except (KeyError, TypeError, AttributeError, RuntimeError) as e:
@@ -915,11 +916,11 @@ def check_resumable(ckpt, model, cfg, data):
                 f"resume: its model's {name} is {value}, this one's {ours.get(name)} {fix}"
             )
     # the same config, other weights
-    problem = weights_problem(model, ckpt["model"])
-    if problem:
+    differ = weight_differing(model, ckpt["model"])
+    if differ:
         raise ValueError(
-            f"resume: its weights are not this model's ({problem}): a new run goes in a new"
-            " --log_dir"
+            f"resume: its weights are not this model's ({differ} differs; was the model edited"
+            " since?): a new run goes in a new --log_dir"
         )
     if ckpt["data"] != data:
         raise ValueError(f"resume: its data (tokenizer, corpus) differs {fix}")

@@ -325,6 +325,17 @@ def erf_gelu(monkeypatch):
     monkeypatch.setattr(train_gpt2.MLP, "forward", forward)
 
 
+def no_position_table(monkeypatch):
+    # RoPE's edit as the weights see it: no learned position table
+    build = train_gpt2.GPT.__init__
+
+    def edited(self, config):
+        build(self, config)
+        del self.transformer["wpe"]
+
+    monkeypatch.setattr(train_gpt2.GPT, "__init__", edited)
+
+
 def soft_capped(monkeypatch):
     # logits soft-capped at 5 (tanh), as some newer models do
     forward = train_gpt2.GPT.forward
@@ -395,6 +406,11 @@ BAD_INPUTS = {
     "an untied head": (untied, ["{root}/model.pt", "{root}/out"], "GPT-2's format cannot hold"),
     "the exact GELU": (erf_gelu, ["{root}/model.pt", "{root}/out"], "GPT-2's format cannot hold"),
     "capped logits": (soft_capped, ["{root}/model.pt", "{root}/out"], "GPT-2's format cannot"),
+    "no position table": (
+        no_position_table,
+        ["{root}/model.pt", "{root}/out"],
+        "GPT-2's format cannot hold this model: transformer.wpe.weight differs",
+    ),
 }
 
 
