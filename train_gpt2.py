@@ -1108,8 +1108,9 @@ def micro_steps(cfg, world_size):
     )
 
 
-def build_model(cfg, enc):
-    # from scratch with cfg's shape, or --init_from's weights; either way cfg's dropout
+def build_model(cfg, enc, log):
+    # from scratch with cfg's ModelConfig fields, or --init_from's model (saying which of those
+    # fields it brings other values of); either way cfg's dropout
     if cfg.init_from == "scratch":
         # the data's tokenizer's ids; GPT-2's 50,257 padded to 50,304 (a multiple of 128): faster
         vocab_size = 50304 if enc.name == "gpt2" else enc.n_vocab
@@ -1127,6 +1128,14 @@ def build_model(cfg, enc):
     same_tokens = fineweb.tokenizer_info(model_enc) == fineweb.tokenizer_info(enc)
     if not same_tokens or cfg.seq_len > model.config.block_size:
         raise ValueError(f"--init_from {cfg.init_from}: another tokenizer, or a shorter context")
+    names = [f.name for f in dataclasses.fields(ModelConfig) if f.name != "dropout"]
+    own = [
+        f"{n} {getattr(model.config, n)}"
+        for n in names
+        if getattr(cfg, n) != getattr(model.config, n)
+    ]
+    if own:
+        log(f"note: --init_from {cfg.init_from} brings its own {', '.join(own)} (not the flags')")
     return model
 
 
@@ -1240,7 +1249,7 @@ def run(cfg, rank, local_rank, world_size, device, log):
     if device_type == "cuda":
         torch.set_float32_matmul_precision("high")  # TF32 for what autocast leaves in fp32
     torch.manual_seed(cfg.seed)
-    raw_model = build_model(cfg, enc).to(device)
+    raw_model = build_model(cfg, enc, log).to(device)
     muon_lr = cfg.muon_lr if cfg.optimizer == "muon" else 0.0
     optimizers = raw_model.configure_optimizers(
         cfg.weight_decay, cfg.max_lr, device_type, muon_lr, cfg.beta2

@@ -413,7 +413,8 @@ def test_init_from_a_checkpoint_starts_a_new_run_from_its_weights(small_corpus, 
     train(small_corpus, tmp_path / "a", max_steps=6)
     source = tmp_path / "a" / "model_00006.pt"
     # (its shape is the checkpoint's: --n_layer 5 is not applied)
-    train(small_corpus, tmp_path / "b", max_steps=3, init_from=source, n_layer=5)
+    _, lines = train(small_corpus, tmp_path / "b", max_steps=3, init_from=source, n_layer=5)
+    assert f"note: --init_from {source} brings its own n_layer 2 (not the flags')" in lines
     assert read_log(tmp_path / "b")["val"][0] == pytest.approx(read_log(tmp_path / "a")["val"][6])
     assert checkpoint(tmp_path / "b", 3)["step"] == 3
     # runs.jsonl records the model as built, and plot.py compares that
