@@ -319,12 +319,13 @@ class GPT(nn.Module):
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
-    def forward(self, idx, targets=None, kv_cache=None):
+    def forward(self, idx, targets=None, kv_cache=None, return_logits=False):
         # idx (B, T) token ids -> (logits (B, T, vocab), None); with targets (B, T), (None, the
         # mean cross-entropy of the targets that are not -100): the logits are the step's
         # largest tensor, and a caller holding them would keep them through the backward pass
-        # into the next step. With a kv_cache, idx continues the cached positions. Every use of
-        # the model (training, val, sampling, HellaSwag) comes here.
+        # into the next step. An evaluation that needs both (a val accuracy) passes
+        # return_logits: (logits, loss). With a kv_cache, idx continues the cached positions.
+        # Every use of the model (training, val, sampling, HellaSwag) comes here.
         B, T = idx.size()
         past = 0 if kv_cache is None else kv_cache.pos
         pos = torch.arange(past, past + T, dtype=torch.long, device=idx.device)  # (T,)
@@ -339,7 +340,8 @@ class GPT(nn.Module):
         logits = self.lm_head(x)  # (B, T, vocab)
         if targets is None:
             return logits, None
-        return None, F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        return (logits if return_logits else None), loss
 
     def flops_per_token(self, T):
         # FLOPs of a training step per token at context T (forward and backward): 6 per weight

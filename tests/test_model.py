@@ -66,6 +66,15 @@ def test_the_loss_is_the_mean_cross_entropy_of_the_logits_ignoring_minus_100(mod
     assert (loss - expected).abs() < 1.0  # an added term, not another loss
 
 
+def test_an_evaluation_gets_the_logits_with_the_loss(model):
+    # what a metric computed from the logits at val time (an accuracy) reads beside the loss
+    idx = torch.randint(0, CONFIG.vocab_size, (2, 10))
+    targets = torch.randint(0, CONFIG.vocab_size, (2, 10))
+    logits, loss = model(idx, targets, return_logits=True)
+    assert torch.equal(logits, model(idx)[0]) and torch.equal(loss, model(idx, targets)[1])
+    assert model(idx, targets)[0] is None  # a training step keeps no logits
+
+
 def ids(config, shape, endoftext):
     # random ids; with endoftext, GPT-2's <|endoftext|> every 5 tokens: what a model that reads
     # the ids themselves (a document mask at <|endoftext|>) sees in training and sampling
