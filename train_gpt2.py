@@ -25,6 +25,7 @@ import math
 import os
 import platform
 import re
+import resource
 import shlex
 import signal
 import socket
@@ -34,18 +35,28 @@ import time
 import zipfile
 from pathlib import Path
 
-import numpy as np
-import torch
-import torch.distributed as dist
-import torch.nn as nn
-import torch.nn.functional as F
+# Ctrl-C while torch loads (seconds) ends the program in one line, as it does before the loop
+try:
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    import torch.nn.functional as F
 
-import fineweb
-import hellaswag
-import plot
+    import fineweb
+    import hellaswag
+    import plot
+except KeyboardInterrupt:
+    sys.exit("train_gpt2.py: interrupted while loading torch; nothing was written")
 
 # -----------------------------------------------------------------------------
 # Configuration
+
+
+# At most this many micro-batches a step (on one process), and tokens a printed sample: a typo
+# past them would hang a run in one step or one sample.
+MAX_MICRO_STEPS = 2**16
+MAX_SAMPLE_LENGTH = 2048
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -83,6 +94,7 @@ class TrainConfig(ModelConfig):
     total_batch_size: int = 524288  # tokens per optimizer step, over processes and micro-steps
     # optimization
     max_steps: int = 19073  # optimizer steps (19,073 x 524,288 tokens = 10B)
+    max_minutes: float = 0.0  # end after M minutes of training steps, the cosine over them (0: off)
     warmup_steps: int = 715  # linear warmup steps
     max_lr: float = 6e-4  # peak learning rate
     beta2: float = 0.95  # AdamW's beta2
@@ -114,13 +126,16 @@ class TrainConfig(ModelConfig):
 
     def __post_init__(self):
         # Checked before anything runs: a bad flag is one line now, not a failure hours later.
-        # Every number is finite, and >= 0 unless its default is not (a -1 meaning "off").
+        # Every number is finite, and >= 0 unless its default is not (a -1 meaning "off"); an
+        # integer fits the int64 that torch and numpy count in.
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
             if type(value) not in (int, float):
                 continue
             if not math.isfinite(value) or value < 0 <= field.default:
                 raise ValueError(f"--{field.name} must be a finite number >= 0, got {value}")
+            if type(value) is int and abs(value) >= 2**63:
+                raise ValueError(f"--{field.name} must be below 2**63 (an int64), got {value}")
         sizes = ["n_layer", "n_head", "n_embd", "batch_size", "seq_len", "total_batch_size"]
         for name in sizes + ["max_steps", "max_lr", "sample_length"]:
             if getattr(self, name) == 0:
@@ -129,14 +144,31 @@ class TrainConfig(ModelConfig):
             raise ValueError("--n_embd must be a multiple of --n_head")
         if self.total_batch_size % (self.batch_size * self.seq_len):
             raise ValueError("--total_batch_size must be a multiple of --batch_size x --seq_len")
+        # the bounds a typo cannot pass (a step of hours, a sample a stop request waits for)
+        micro_batches = self.total_batch_size // (self.batch_size * self.seq_len)
+        if micro_batches > MAX_MICRO_STEPS:
+            raise ValueError(
+                f"--total_batch_size {self.total_batch_size:,} is {micro_batches:,} micro-batches"
+                f" of --batch_size x --seq_len a step: at most {MAX_MICRO_STEPS:,} (more is a"
+                " typo: one step would take hours)"
+            )
+        if self.sample_length > MAX_SAMPLE_LENGTH:
+            raise ValueError(
+                f"--sample_length must be at most {MAX_SAMPLE_LENGTH:,} tokens: the samples are"
+                " a glance at the model, and a stop request waits for them"
+            )
         if self.val_tokens % (self.batch_size * self.seq_len):
             raise ValueError("--val_tokens must be a multiple of --batch_size x --seq_len")
         if self.eval_interval and not self.val_tokens:
             raise ValueError("--eval_interval needs --val_tokens > 0 (or --eval_interval 0)")
         if self.max_lr >= 1 or self.beta2 >= 1:
             raise ValueError("--max_lr and --beta2 must be below 1")
-        if self.seed >= 2**63:
-            raise ValueError("--seed must be below 2**63")
+        # AdamW multiplies the weights by 1 - lr x weight_decay each step: past 1 it flips them
+        if self.max_lr * self.weight_decay >= 1:
+            raise ValueError(
+                f"--weight_decay {self.weight_decay:g} x --max_lr {self.max_lr:g} must be below 1"
+                " (AdamW scales the weights by 1 - lr x weight_decay a step)"
+            )
         if self.optimizer not in ("adamw", "muon"):
             raise ValueError("--optimizer must be adamw or muon")
         if self.optimizer == "muon" and not self.muon_lr:
@@ -146,6 +178,13 @@ class TrainConfig(ModelConfig):
         if not (self.data_root and self.log_dir and self.init_from):
             raise ValueError("--data_root, --log_dir and --init_from must not be empty")
 
+
+# fineweb.py's flags that make a preset's corpus of input.txt (the README's commands): its first
+# run makes it (make_preset_data)
+PRESET_DATA = {
+    "data/shakespeare": [],
+    "data/shakespeare_char": ["--tokenizer", "char"],
+}
 
 PRESETS = {
     # the reference recipe, GPT-2 124M on 10B tokens of FineWeb-Edu: TrainConfig's defaults
@@ -529,10 +568,32 @@ def verify_shards(data_root, manifest, vocab_size, rank, world):
             raise ValueError(f"{problem}; rerun fineweb.py")
 
 
+class Shard:
+    # The tokens of one shard file, read a slice at a time: the file is opened for each read and
+    # closed after it, so a corpus of thousands of shards holds no file open between reads
+    # (`ulimit -n` is often 1024) and the page cache does the caching.
+
+    def __init__(self, path, tokens):
+        self.path = path
+        self.tokens = tokens
+        with open(path, "rb") as f:
+            _, self.offset = fineweb.npy_layout(f)  # where the tokens start
+
+    def __len__(self):
+        return self.tokens
+
+    def __getitem__(self, window):
+        # shard[start:stop] (uint16)
+        start, stop, _ = window.indices(self.tokens)
+        with open(self.path, "rb") as f:
+            f.seek(self.offset + 2 * start)
+            return np.fromfile(f, dtype="<u2", count=max(stop - start, 0))
+
+
 def load_shards(data_root, split, manifest):
-    # the split's shards, memory-mapped (verify_shards has checked them against the manifest)
+    # the split's shards (verify_shards has checked them against the manifest)
     entries = [e for e in manifest["shards"] if e["split"] == split]
-    shards = [np.load(Path(data_root) / e["file"], mmap_mode="r") for e in entries]
+    shards = [Shard(Path(data_root) / e["file"], e["tokens"]) for e in entries]
     if not shards:
         raise ValueError(f"no {split} shards in {data_root}; run fineweb.py")
     return shards
@@ -627,13 +688,19 @@ class DataLoaderLite:
 # Learning-rate schedule
 
 
-def get_lr(step, max_lr, min_lr, warmup_steps, decay_steps):
-    # linear warmup to max_lr, cosine decay to min_lr at decay_steps, then constant
+def get_lr(step, max_lr, min_lr, warmup_steps, decay_steps, time_used=None):
+    # Linear warmup to max_lr, cosine decay to min_lr at decay_steps, then constant. A
+    # time-bounded run (--max_minutes) decays over time instead: time_used is the fraction of its
+    # budget spent, and at 1 (its last step) the LR is min_lr, mid-warmup too.
+    if time_used is not None and time_used >= 1:
+        return min_lr
     if step < warmup_steps:
         return max_lr * (step + 1) / warmup_steps
-    if step >= decay_steps:
+    if time_used is None and step >= decay_steps:
         return min_lr
-    decay_ratio = (step - warmup_steps) / (decay_steps - warmup_steps)
+    decay_ratio = time_used
+    if time_used is None:
+        decay_ratio = (step - warmup_steps) / (decay_steps - warmup_steps)
     coeff = 0.5 * (1.0 + math.cos(math.pi * decay_ratio))  # 1 -> 0
     return min_lr + coeff * (max_lr - min_lr)
 
@@ -941,9 +1008,23 @@ def free_log_dir(log_dir):
 def lock_log_dir(log_dir, log):
     # One run per log_dir: an exclusive flock on log_dir/.lock, which the kernel drops when the
     # process ends (a killed run leaves no stale lock). The file names its holder, for the
-    # refusal. Returns the open lock file.
-    log_dir.mkdir(parents=True, exist_ok=True)
-    lock = open(log_dir / ".lock", "a+")
+    # refusal. Returns the open lock file and the directories made for it (log_dir and its
+    # missing parents, outermost first), which a start that fails removes again.
+    made = []
+    try:
+        for directory in reversed([log_dir, *log_dir.parents]):
+            if not directory.is_dir():
+                directory.mkdir()
+                made.append(directory)
+        if (log_dir / ".lock").exists() and not (log_dir / ".lock").is_file():
+            raise ValueError(f"{log_dir / '.lock'} is not a regular file: move it away")
+        lock = open(log_dir / ".lock", "a+")
+    except OSError as e:
+        remove_made(made)
+        raise ValueError(
+            f"cannot use --log_dir {log_dir} ({e.strerror}: {e.filename}): pass a directory"
+            " that can be made and written"
+        ) from None
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -959,7 +1040,16 @@ def lock_log_dir(log_dir, log):
     lock.truncate(0)
     lock.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
     lock.flush()
-    return lock
+    return lock, made
+
+
+def remove_made(made):
+    # the directories a failed start made (outermost first), removed innermost first while empty
+    for directory in reversed(made):
+        try:
+            directory.rmdir()
+        except OSError:
+            return
 
 
 def check_log_dir(log_dir, start_step, continues, resume):
@@ -985,50 +1075,111 @@ def check_log_dir(log_dir, start_step, continues, resume):
 
 
 def open_lines(path):
-    # path opened to append whole lines: a last line torn by a kill or a full disk is ended
-    # first, so that the next record is not joined to it
-    f = open(path, "a")
+    # path opened to append whole lines (write_lines): a last line torn by a kill is ended first,
+    # so that the next record is not joined to it. A special file there is refused (a FIFO would
+    # block the run).
+    if path.exists() and not path.is_file():
+        raise ValueError(f"{path} is not a regular file: move it out of the log_dir")
+    f = open(path, "ab", buffering=0)
     if f.tell() > 0:
         with open(path, "rb") as old:
             old.seek(-1, os.SEEK_END)
             if old.read(1) != b"\n":
-                f.write("\n")
+                write_lines(f, "\n")
     return f
 
 
-def keep(log_dir, stem, suffix, data):
-    # data kept once as log_dir/code/{stem}-{hash of data}{suffix}; the path, relative
-    name = Path("code") / f"{stem}-{hashlib.sha256(data).hexdigest()[:12]}{suffix}"
-    if not (log_dir / name).exists():
-        (log_dir / "code").mkdir(exist_ok=True)
-        fineweb.write_atomic(log_dir / name, lambda f: f.write(data))
-    return str(name)
-
-
-def git_state(log_dir):
-    # {commit, diff} of the git checkout this file is in (`git diff HEAD` kept in code/, or None
-    # when clean), or None outside a checkout or without git
-    here = Path(__file__).resolve().parent
+def write_lines(f, text):
+    # text (whole lines) at the end of f, an open_lines file: all of it, or on a failed write (a
+    # full disk) none of it, what was written cut off again; the error names the file
+    end = os.lseek(f.fileno(), 0, os.SEEK_END)
+    data = memoryview(text.encode())
     try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=30
-        )
-        diff = subprocess.run(["git", "diff", "HEAD"], cwd=here, capture_output=True, timeout=60)
+        while data:
+            data = data[f.write(data) :]
+    except OSError as e:
+        os.ftruncate(f.fileno(), end)
+        raise OSError(f"cannot write {f.name}: {e.strerror or e}") from None
+
+
+def read_code(known=()):
+    # {path: source} of every module imported from this checkout (the packages of an environment
+    # inside it, a .venv, aside) and not in `known`, read now: the code this run runs
+    root = Path(__file__).resolve().parent
+    environments = [Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()]
+    code = {}
+    for module in list(sys.modules.values()):
+        file = getattr(module, "__file__", None) or ""
+        path = Path(file).resolve()
+        # (a module made in memory may name a relative file of its own)
+        if not (file.endswith(".py") and os.path.isabs(file) and path.is_relative_to(root)):
+            continue
+        if any(path.is_relative_to(env) for env in environments):
+            continue
+        name = path.relative_to(root).as_posix()
+        if name not in known:
+            code[name] = path.read_bytes()
+    return dict(sorted(code.items()))
+
+
+def git_state(modules):
+    # {commit, diff, untracked} of the git checkout this file is in: `git diff HEAD` as plain
+    # text (no colour, external diff driver or textconv, whatever the user's git config says)
+    # and the modules git does not track; None outside a checkout or without git
+    root = Path(__file__).resolve().parent
+    git = ["git", "-c", "core.quotepath=off"]
+    diff = ["diff", "--no-color", "--no-ext-diff", "--no-textconv", "HEAD"]
+    try:
+        commit = subprocess.run([*git, "rev-parse", "HEAD"], cwd=root, capture_output=True)
+        changes = subprocess.run([*git, *diff], cwd=root, capture_output=True, timeout=60)
+        tracked = subprocess.run([*git, "ls-files", "-z", *modules], cwd=root, capture_output=True)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    if commit.returncode or diff.returncode:
+    if commit.returncode or changes.returncode or tracked.returncode:
         return None
-    kept = keep(log_dir, "git", ".diff", diff.stdout) if diff.stdout else None
-    return {"commit": commit.stdout.strip(), "diff": kept}
+    tracked = set(tracked.stdout.decode().split("\0"))
+    return {
+        "commit": commit.stdout.decode().strip(),
+        "diff": changes.stdout,
+        "untracked": [name for name in modules if name not in tracked],
+    }
 
 
-def record_run(log_dir, record):
-    # One line a start in runs.jsonl: the record, and what produced the run: this file's source
-    # as it ran (kept in code/), its git commit and diff, the versions and the time. plot.py
-    # compares two runs' configs and code from these.
-    source = Path(__file__).read_bytes()
-    record["code"] = keep(log_dir, Path(__file__).stem, ".py", source)
-    record["git"] = git_state(log_dir)
+def read_run_code():
+    # The code of a run, read at its start before anything slow (an edit made meanwhile for the
+    # next experiment is not this run's): its modules' sources and the git state
+    sources = read_code()
+    return {"sources": sources, "git": git_state(list(sources))}
+
+
+def kept_name(name, data):
+    # where a module's source (or the git diff) is kept in log_dir: code/{name}-{its hash}, so
+    # equal names mean equal bytes (mylib/attn.py: code/mylib.attn-0123456789ab.py)
+    stem, dot, suffix = name.rpartition(".")
+    stem = stem.replace("/", ".") if dot else name
+    suffix = f".{suffix}" if dot else ""
+    return f"code/{stem}-{hashlib.sha256(data).hexdigest()[:12]}{suffix}"
+
+
+def keep(log_dir, name, data):
+    # data kept once under log_dir (kept_name); the relative path
+    kept = kept_name(name, data)
+    if not (log_dir / kept).exists():
+        (log_dir / "code").mkdir(exist_ok=True)
+        fineweb.write_atomic(log_dir / kept, lambda f: f.write(data))
+    return kept
+
+
+def record_run(log_dir, record, code):
+    # One line a start in runs.jsonl: the record, and what produced the run: the source of every
+    # module of this checkout it imported (each kept once in code/), the git commit, diff and
+    # untracked modules, the versions and the time. plot.py compares runs from these.
+    record["code"] = {name: keep(log_dir, name, data) for name, data in code["sources"].items()}
+    git = code["git"]
+    if git is not None:
+        diff = keep(log_dir, "git.diff", git["diff"]) if git["diff"] else None
+        git = {"commit": git["commit"], "diff": diff, "untracked": git["untracked"]}
+    record["git"] = git
     record["versions"] = {
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -1036,7 +1187,34 @@ def record_run(log_dir, record):
     }
     record["time"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     with open_lines(log_dir / "runs.jsonl") as f:
-        f.write(json.dumps(record) + "\n")
+        write_lines(f, json.dumps(record) + "\n")
+
+
+def peak_memory_gb(device):
+    # this process's peak memory: the GPU's allocations on CUDA, else its largest resident size
+    if device.startswith("cuda"):
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB (bytes on macOS)
+    return rss * (1 if sys.platform == "darwin" else 1024) / 2**30
+
+
+def record_result(log_dir, status, steps, device):
+    # The run's end, appended to runs.jsonl as {"result": {...}}: finished or stopped, its steps,
+    # the last value of every kind of log.txt (as logged there: tokens, time, val, bpb, hella,
+    # a fork's metric) but the bookkeeping, and its peak memory. Returned as a summary line.
+    series = plot.read_log(log_dir / "log.txt")
+    result = {"status": status, "steps": steps, "tokens": None, "time": None}
+    result["peak_memory_gb"] = round(peak_memory_gb(device), 3)
+    result.update(val=None, bpb=None, hella=None)
+    for kind, points in series.items():
+        if kind in ("tokens", "time") or kind not in plot.BOOKKEEPING:
+            result[kind] = int(points[-1][1]) if kind == "tokens" else points[-1][1]
+    with open_lines(log_dir / "runs.jsonl") as f:
+        write_lines(f, json.dumps({"result": result}) + "\n")
+    shown = [
+        f"{k} {v}" for k, v in result.items() if v is not None and k not in ("status", "steps")
+    ]
+    return f"{status} at step {steps}: " + " | ".join(shown)
 
 
 # SIGINT (Ctrl-C), SIGTERM and SIGUSR1 (schedulers), SIGHUP (a closed terminal) ask a run to stop.
@@ -1110,7 +1288,26 @@ def micro_steps(cfg, world_size):
     )
 
 
-def build_model(cfg, enc, log):
+def check_fits(config, device):
+    # A new model too big for this device, refused before it is built: built for real it would
+    # fill memory until the kernel's OOM killer ends the run without a word. Its parameters are
+    # counted on the meta device (no memory); training takes 16 bytes a parameter at least
+    # (float32 weights and gradients, and AdamW's two moments).
+    with torch.device("meta"):
+        n = sum(p.numel() for p in GPT(config).parameters())
+    if device.startswith("cuda"):
+        memory = torch.cuda.get_device_properties(device).total_memory
+    else:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if 16 * n > memory:
+        raise ValueError(
+            f"a model of {n:,} parameters does not fit in memory: it takes"
+            f" {16 * n / 2**30:,.0f} GB to train (16 bytes a parameter), {device} has"
+            f" {memory / 2**30:,.0f} GB: lower --n_layer or --n_embd"
+        )
+
+
+def build_model(cfg, enc, device, log):
     # from scratch with cfg's ModelConfig fields, or --init_from's model (saying which of those
     # fields it brings other values of); either way cfg's dropout
     if cfg.init_from == "scratch":
@@ -1118,14 +1315,8 @@ def build_model(cfg, enc, log):
         vocab_size = 50304 if enc.name == "gpt2" else enc.n_vocab
         shape = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(ModelConfig)}
         config = GPTConfig(block_size=cfg.seq_len, vocab_size=vocab_size, **shape)
-        try:
-            return GPT(config)
-        except RuntimeError as e:
-            if not out_of_memory(e):
-                raise
-            raise ValueError(
-                f"{config} does not fit in memory: lower --n_layer or --n_embd"
-            ) from None
+        check_fits(config, device)
+        return GPT(config)
     model, model_enc = load_model(cfg.init_from, dropout=cfg.dropout)
     same_tokens = fineweb.tokenizer_info(model_enc) == fineweb.tokenizer_info(enc)
     if not same_tokens or cfg.seq_len > model.config.block_size:
@@ -1146,14 +1337,14 @@ class Metrics:
     # log.txt (kept open, one whole write per report) and wandb. A training step's console line
     # also says how much time is left at the pace so far.
 
-    def __init__(self, log_dir, max_steps, wandb_run, log):
+    def __init__(self, log_dir, max_steps, time_budget, wandb_run, log):
         # (log_dir None: another rank's, whose metrics go nowhere)
-        self.path = Path(log_dir) / "log.txt" if log_dir else Path(os.devnull)
-        self.file = open_lines(self.path)
+        self.file = open_lines(Path(log_dir) / "log.txt") if log_dir else None
         self.max_steps = max_steps
+        self.time_budget = time_budget  # seconds of training (0: none)
         self.wandb_run = wandb_run
         self.log = log
-        self.first = None  # (time, step) of the first training step reported
+        self.first = None  # (time, step, training seconds) of the first training step reported
 
     def report(self, step, **values):
         # an int as it is (a count of tokens), any other number to 6 significant digits
@@ -1161,51 +1352,66 @@ class Metrics:
         line = f"step {step:5d}/{self.max_steps} | "
         line += " | ".join(f"{k} {v}" for k, v in text.items())
         if "train" in values:
-            line += f" | {self.time_left(step)}"
+            line += f" | {self.time_left(step, values.get('time', 0.0))}"
         self.log(line)
-        try:
-            self.file.write("".join(f"{step} {k} {v}\n" for k, v in text.items()))
-            self.file.flush()
-        except OSError as e:
-            raise OSError(f"cannot write {self.path}: {e.strerror or e}") from None
+        if self.file is not None:
+            write_lines(self.file, "".join(f"{step} {k} {v}\n" for k, v in text.items()))
         if self.wandb_run is not None:
             self.wandb_run.log(values, step=step)
 
-    def time_left(self, step):
-        # the remaining steps at the mean pace since the first one (evaluations included)
+    def time_left(self, step, train_seconds):
+        # The remaining steps at the mean pace since the first one (evaluations included); in a
+        # time-bounded run, at most the training time left, at the same pace.
         now = time.time()
         if self.first is None:
-            self.first = (now, step)
+            self.first = (now, step, train_seconds)
         if step == self.first[1]:
             return "eta -"
-        seconds = (now - self.first[0]) / (step - self.first[1]) * (self.max_steps - step - 1)
+        wall = now - self.first[0]
+        seconds = wall / (step - self.first[1]) * (self.max_steps - step - 1)
+        if self.time_budget:
+            trained = train_seconds - self.first[2]
+            seconds = min(seconds, wall / trained * max(self.time_budget - train_seconds, 0))
         return f"eta {seconds // 3600:.0f}h{seconds % 3600 // 60:02.0f}m"
+
+
+def make_preset_data(data_root):
+    # A preset's corpus of input.txt (PRESET_DATA) is made on its first run, by fineweb.py's code
+    # with the README's flags (the same bytes); a process making it meanwhile is waited for.
+    if data_root not in PRESET_DATA or (Path(data_root) / fineweb.MANIFEST).exists():
+        return
+    input_txt = Path(__file__).resolve().parent / "input.txt"
+    fineweb.main(
+        ["--local", str(input_txt), *PRESET_DATA[data_root], "--out_dir", data_root], wait=True
+    )
 
 
 def train(cfg, log=print):
     # Train as configured (one process, or one rank of a torchrun launch); the final metrics.
-    # Rank 0 holds log_dir's lock and alone writes there; a start that fails before writing
-    # anything leaves no directory it made.
+    # Rank 0 reads the code first (before anything slow), holds log_dir's lock and alone writes
+    # there; a start that fails before writing anything leaves no directory it made.
+    code = read_run_code() if os.environ.get("RANK", "0") == "0" else None
+    make_preset_data(cfg.data_root)
     ddp, rank, local_rank, world_size, device = setup_distributed(cfg.device)
     log = log if rank == 0 else lambda *args: None
     log_dir = Path(cfg.log_dir)
-    made_log_dir = not log_dir.exists()
     lock = None
+    made = []
     try:
         if rank == 0:
-            lock = lock_log_dir(log_dir, log)
-        return run(cfg, rank, local_rank, world_size, device, log)
+            lock, made = lock_log_dir(log_dir, log)
+        return run(cfg, rank, local_rank, world_size, device, log, code)
     finally:
         if lock is not None:
             lock.close()
-        if lock is not None and made_log_dir and os.listdir(log_dir) == [".lock"]:
+        if made and os.listdir(log_dir) == [".lock"]:
             os.remove(log_dir / ".lock")
-            os.rmdir(log_dir)
+            remove_made(made)
         if ddp:
             dist.destroy_process_group()
 
 
-def run(cfg, rank, local_rank, world_size, device, log):
+def run(cfg, rank, local_rank, world_size, device, log, code):
     device_type = device.split(":")[0]
     master_process = rank == 0
     ddp = dist.is_initialized()
@@ -1251,7 +1457,7 @@ def run(cfg, rank, local_rank, world_size, device, log):
     if device_type == "cuda":
         torch.set_float32_matmul_precision("high")  # TF32 for what autocast leaves in fp32
     torch.manual_seed(cfg.seed)
-    raw_model = build_model(cfg, enc, log).to(device)
+    raw_model = build_model(cfg, enc, device, log).to(device)
     muon_lr = cfg.muon_lr if cfg.optimizer == "muon" else 0.0
     optimizers = raw_model.configure_optimizers(
         cfg.weight_decay, cfg.max_lr, device_type, muon_lr, cfg.beta2
@@ -1282,7 +1488,10 @@ def run(cfg, rank, local_rank, world_size, device, log):
     continues = path is not None and path.resolve().parent == log_dir.resolve()
     start_step = 0
     history = []  # (loss, norm) of the recent updates, for --skip_spikes
+    tokens = 0  # trained on so far
+    train_seconds = 0.0  # spent in training steps so far
     wandb_id = None
+    ckpt = None
     if path is not None:
         ckpt = load_checkpoint(path)
         check_resumable(ckpt, raw_model, cfg, data)
@@ -1295,6 +1504,8 @@ def run(cfg, rank, local_rank, world_size, device, log):
         train_loader.load_state_dict(ckpt["loader"])
         start_step = ckpt["step"]
         history = ckpt["spike_history"]
+        tokens = ckpt.get("tokens", start_step * cfg.total_batch_size)
+        train_seconds = ckpt.get("train_seconds", 0.0)
         wandb_id = ckpt["wandb_id"] if continues else None
         log(f"resumed from {path} at step {start_step}")
         if cfg.init_from != "scratch":
@@ -1303,8 +1514,29 @@ def run(cfg, rank, local_rank, world_size, device, log):
     # log_dir (rank 0's, locked): nothing another run made is written over; then the run's
     # record and its metrics' sinks
     wandb_run = None
+    kept = None  # where each module's source is kept (rank 0's)
     if master_process:
         check_log_dir(log_dir, start_step, continues, cfg.resume)
+        # the code as read at the start, and any module of this checkout imported since
+        code["sources"].update(read_code(code["sources"]))
+        kept = {name: kept_name(name, data) for name, data in code["sources"].items()}
+        # A resume under other code than its checkpoint's (a logging fix mid-run) goes on, said
+        # in one line and recorded with this start's step.
+        saved = ckpt.get("code") if ckpt is not None else None
+        changed = []
+        if saved:  # (a checkpoint older than the code's record: not known)
+            changed = sorted(n for n in kept.keys() | saved.keys() if kept.get(n) != saved.get(n))
+        if changed:
+            log(
+                f"note: the code differs from {path}'s ({', '.join(changed)}): the run goes on"
+                f" under this code, and runs.jsonl records that it changed at step {start_step}"
+            )
+        # A branch (a resume from another run's checkpoint) starts with a checkpoint of its own,
+        # before anything else is written: stopped or killed at any moment, --resume auto
+        # continues it.
+        if ckpt is not None and not continues:
+            ckpt.update(train_config=dataclasses.asdict(cfg), code=kept, wandb_id=None)
+            save_checkpoint(log_dir / f"model_{start_step:05d}.pt", ckpt)
         if cfg.wandb_project:
             import wandb
 
@@ -1325,8 +1557,14 @@ def run(cfg, rank, local_rank, world_size, device, log):
             "world_size": world_size,
             "device": torch.cuda.get_device_name(device) if device_type == "cuda" else device,
         }
-        record_run(log_dir, record)
-    metrics = Metrics(log_dir if master_process else None, cfg.max_steps, wandb_run, log)
+        if changed:
+            record["code_changed"] = changed
+        record_run(log_dir, record, code)
+    ckpt = None  # (its memory is the model's and optimizers' now)
+    time_budget = cfg.max_minutes * 60  # seconds of training (0: no bound)
+    metrics = Metrics(
+        log_dir if master_process else None, cfg.max_steps, time_budget, wandb_run, log
+    )
     epochs = (cfg.max_steps - start_step) * cfg.total_batch_size / sum(map(len, train_shards))
     log(
         f"{B} x {T} x {world_size} rank(s) x {grad_accum_steps} micro-steps ="
@@ -1351,13 +1589,14 @@ def run(cfg, rank, local_rank, world_size, device, log):
     flops_per_step = raw_model.flops_per_token(T) * cfg.total_batch_size
     val_loss = None
     stopping = False
+    time_up = time_budget > 0 and train_seconds >= time_budget
 
     # The loop. From here on a stop signal only asks: the run ends at a step's end with a
     # checkpoint. (Before, its default action ends the program: nothing worth keeping is
     # written yet.)
     with StopSignal(log) as stop:
         for step in range(start_step, cfg.max_steps + 1):
-            last_step = step == cfg.max_steps
+            last_step = step == cfg.max_steps or time_up
 
             # validation loss (and bits per byte) every eval_interval steps and at the end; a
             # stop asked for meanwhile ends the pass early and skips the rest of evaluation. The
@@ -1400,8 +1639,11 @@ def run(cfg, rank, local_rank, world_size, device, log):
                     "val_loss": val_loss,
                     "loader": train_loader.state_dict(),
                     "spike_history": history,
+                    "tokens": tokens,
+                    "train_seconds": train_seconds,
                     "data": data,
                     "tokenizer": data["tokenizer"],
+                    "code": kept,
                     "wandb_id": wandb_id,
                 }
                 if master_process:
@@ -1415,10 +1657,10 @@ def run(cfg, rank, local_rank, world_size, device, log):
                     dist.barrier()  # nobody races ahead (or exits) before the file exists
                 if master_process:
                     plot.refresh(log_dir, log, force=last_step or stopping)
+            if last_step:
+                break
             if stopping:
                 log(f"{stop.name or 'a stop request on another rank'}: stopped at step {step}")
-                break
-            if last_step:
                 break
 
             # one optimization step: grad_accum_steps micro-steps of B x T tokens
@@ -1444,17 +1686,25 @@ def run(cfg, rank, local_rank, world_size, device, log):
                 loss = loss / grad_accum_steps
                 loss_accum += loss.detach()
                 loss.backward()
-            # One all-reduce and one host sync a step: the loss, the gradient norm, and whether
-            # a rank was asked to stop (all ranks stop together).
+            # One all-reduce and one host sync a step: the loss, whether a rank was asked to
+            # stop (all ranks stop together), rank 0's training clock (so that a time-bounded
+            # run's LR and last step are the same on every rank), then the gradient norm.
             asked = torch.full((), float(stop.requested()), device=device)
-            shared = torch.stack([loss_accum / world_size, asked])
+            seconds = train_seconds + time.time() - t0 if master_process else 0.0
+            clock = torch.full((), seconds, device=device)
+            shared = torch.stack([loss_accum / world_size, asked, clock])
             if ddp:
                 dist.all_reduce(shared)
             norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg.grad_clip or math.inf)
-            loss_value, stops, norm = torch.cat([shared, norm.view(1)]).tolist()
+            loss_value, stops, seconds, norm = torch.cat([shared, norm.view(1)]).tolist()
             stopping = stops > 0
-            # the schedule: min_lr is max_lr / 10 (GPT-2's recipe, 6e-4 -> 6e-5)
-            lr = get_lr(step, cfg.max_lr, cfg.max_lr / 10, cfg.warmup_steps, cfg.max_steps)
+            # The schedule: min_lr is max_lr / 10 (GPT-2's recipe, 6e-4 -> 6e-5). A time-bounded
+            # run (--max_minutes) decays over its budget and ends after the step that spends it.
+            time_used = seconds / time_budget if time_budget else None
+            time_up = time_used is not None and time_used >= 1
+            lr = get_lr(
+                step, cfg.max_lr, cfg.max_lr / 10, cfg.warmup_steps, cfg.max_steps, time_used
+            )
             for opt in optimizers:
                 for group in opt.param_groups:
                     group["lr"] = lr * group.get("lr_scale", 1.0)  # Muon runs at its own peak
@@ -1464,9 +1714,10 @@ def run(cfg, rank, local_rank, world_size, device, log):
             skip = not math.isfinite(loss_value + norm)
             if skip and not cfg.skip_nonfinite:
                 raise ValueError(
-                    f"non-finite loss {loss_value} or grad norm {norm} at step {step}: lower"
-                    " --max_lr, or pass --skip_nonfinite true; --resume auto continues from the"
-                    " last checkpoint"
+                    f"non-finite loss {loss_value} or grad norm {norm} at step {step}: the run"
+                    " diverged (a flag or an edit since the last good run: --max_lr, the model);"
+                    " --resume auto continues from the last checkpoint, --skip_nonfinite true"
+                    " skips such updates"
                 )
             if not skip and cfg.skip_spikes and len(history) >= 16:
                 past = np.array(history)  # (n, 2)
@@ -1478,22 +1729,30 @@ def run(cfg, rank, local_rank, world_size, device, log):
                     opt.step()
                 history = (history + [[loss_value, norm]])[-128:]
 
-            # the log line; the step's time includes its wait for the GPU (the sync above)
+            # The log line; the step's time includes its wait for the GPU (the sync above). The
+            # tokens and training time so far are what comparisons of runs are drawn against.
             dt = time.time() - t0
+            step_tokens = grad_accum_steps * B * T * world_size
+            tokens += step_tokens
+            train_seconds += dt
             values = dict(
                 train=loss_value,
                 lr=lr,
                 norm=norm,
                 ms=dt * 1000,
-                tok_per_s=cfg.total_batch_size / dt,
+                tok_per_s=step_tokens / dt,
                 epoch=train_loader.epochs_read(),
             )
             if peak:
                 values["mfu"] = flops_per_step / dt / (peak * world_size)
-            metrics.report(step, **values)
-    if wandb_run is not None:
-        wandb_run.finish()
-    return {"step": step, "val_loss": val_loss, "stopped": stopping, "log_dir": str(log_dir)}
+            metrics.report(step, **values, tokens=tokens, time=train_seconds)
+
+        # the run's end, finished or stopped: a result record for scripts, and a summary line
+        if master_process:
+            log(record_result(log_dir, "finished" if last_step else "stopped", step, device))
+        if wandb_run is not None:
+            wandb_run.finish()
+    return {"step": step, "val_loss": val_loss, "stopped": not last_step, "log_dir": str(log_dir)}
 
 
 # -----------------------------------------------------------------------------
@@ -1572,15 +1831,22 @@ def main(argv=None):
     cfg = parse_args(argv)
     try:
         result = train(cfg, log=console)
-    except torch.OutOfMemoryError:
+    except RuntimeError as e:
+        # a GPU's out of memory, or the CPU allocator's, at any step
+        if not out_of_memory(e):
+            raise
         sys.exit(
-            "train_gpt2.py: error: out of GPU memory: lower --batch_size (gradient accumulation"
+            "train_gpt2.py: error: out of memory: lower --batch_size (gradient accumulation"
             " keeps --total_batch_size), or the model's size"
         )
     except (ValueError, OSError) as e:
         sys.exit(f"train_gpt2.py: error: {' '.join(str(e).split())}")
     except KeyboardInterrupt:
         sys.exit("train_gpt2.py: interrupted outside the training loop; checkpoints as they were")
+    # The run's work is done, its last checkpoint and record written: a stop signal from here on
+    # (a scheduler's, at the job's end) changes nothing, and the exit status stays 0.
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
     if result["stopped"] and os.environ.get("RANK", "0") == "0":
         console(f"to continue: {continue_command(argv)}")
 

@@ -52,7 +52,7 @@ def test_fineweb_on_a_full_disk_then_with_room(tmp_path):
 
 # a limit at the run's first write (its code, kept in code/), then one halfway through the
 # checkpoint, in torch's zip writer
-@pytest.mark.parametrize("limit, name", [(30_000, "code/train_gpt2-"), (200_000, "model_00002.pt")])
+@pytest.mark.parametrize("limit, name", [(30_000, "code/"), (200_000, "model_00002.pt")])
 def test_trainer_on_a_full_disk(tmp_path, small_corpus, limit, name):
     log_dir = tmp_path / "log"
     proc = limited("train_gpt2.py", tiny_flags(small_corpus, log_dir, max_steps=2), limit)
@@ -61,24 +61,28 @@ def test_trainer_on_a_full_disk(tmp_path, small_corpus, limit, name):
     assert list(log_dir.glob("model_*")) == []
 
 
-def test_trainer_log_on_a_full_disk_names_it_and_the_next_start_ends_the_torn_line(
-    tmp_path, small_corpus
+@pytest.mark.parametrize("name", ["log.txt", "runs.jsonl"])
+def test_trainer_records_on_a_full_disk_name_the_file_and_leave_no_torn_line(
+    tmp_path, small_corpus, name
 ):
-    # a log.txt near the limit: its next record fails mid-line, and the error names it
+    # a log.txt (or runs.jsonl) near the limit: its next record fails mid-line; the error names
+    # it, and the part written is cut off again, so every line stays whole
     log_dir = tmp_path / "log"
     first = run_program("train_gpt2.py", tiny_flags(small_corpus, log_dir, max_steps=2))
     assert first.returncode == 0, first.stderr
-    with open(log_dir / "log.txt", "a") as f:
-        f.write("0 filler 1.0\n" * 8000)
-    limit = (log_dir / "log.txt").stat().st_size + 10
+    with open(log_dir / name, "a") as f:
+        f.write("0 filler 1.0\n" * 8000 if name == "log.txt" else '{"filler": 1}\n' * 8000)
+    before = (log_dir / name).read_bytes()
+    limit = len(before) + 10
     args = tiny_flags(small_corpus, log_dir, max_steps=4, resume="auto")
     proc = limited("train_gpt2.py", args, limit)
-    one_line_error(proc, "train_gpt2.py", log_dir / "log.txt")
-    assert not (log_dir / "log.txt").read_text().endswith("\n"), "no torn line: nothing tested"
+    one_line_error(proc, "train_gpt2.py", log_dir / name)
+    # (the first record it appends is longer than the 10 bytes left)
+    assert (log_dir / name).read_bytes() == before
     again = run_program("train_gpt2.py", args)
     assert again.returncode == 0, again.stderr
     lines = (log_dir / "log.txt").read_text().splitlines()
-    assert all(len(line.split()) == 3 for line in lines[-20:])
+    assert all(len(line.split()) == 3 for line in lines)
 
 
 @pytest.mark.gpt2_contract  # export_hf.py writes GPT-2's format: an edited model may not fit it

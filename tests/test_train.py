@@ -309,15 +309,17 @@ def test_each_start_records_its_config_code_versions_and_device(small_corpus, tm
     train(small_corpus, tmp_path, max_steps=4, ckpt_interval=2)
     (tmp_path / "model_00004.pt").unlink()
     train(small_corpus, tmp_path, max_steps=4, ckpt_interval=2, resume="auto")
-    runs = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
+    lines = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
+    runs = [line for line in lines if "result" not in line]
     assert [r["step"] for r in runs] == [0, 2]
     assert runs[1]["resumed_from"].endswith("model_00002.pt")
     assert runs[0]["config"]["max_steps"] == 4 and runs[0]["data"]["dataset"] == "local"
     assert runs[0]["model"] == checkpoint(tmp_path, 2)["model_config"]
     assert runs[0]["device"] == "cpu" and runs[0]["versions"]["torch"] == torch.__version__
-    # the source as it ran, kept once for both starts
+    # the source of every module of the checkout it imported, kept once for both starts
     assert runs[0]["code"] == runs[1]["code"]
-    assert (tmp_path / runs[0]["code"]).read_bytes() == (ROOT / "train_gpt2.py").read_bytes()
+    for name in ("train_gpt2.py", "fineweb.py", "plot.py", "hellaswag.py"):
+        assert (tmp_path / runs[0]["code"][name]).read_bytes() == (ROOT / name).read_bytes()
     if runs[0]["git"] is not None:  # a git checkout: its commit, and its diff if any
         assert len(runs[0]["git"]["commit"]) == 40
     assert (tmp_path / "curves.png").read_bytes().startswith(b"\x89PNG")
@@ -334,7 +336,8 @@ def test_a_torn_log_line_is_not_joined_to_the_next_record(small_corpus, tmp_path
     lines = (tmp_path / "log.txt").read_text().splitlines()
     assert "3 tra" in lines
     assert all(len(line.split()) == 3 for line in lines if line != "3 tra")
-    assert json.loads((tmp_path / "runs.jsonl").read_text().splitlines()[-1])["step"] == 2
+    records = (tmp_path / "runs.jsonl").read_text().splitlines()
+    assert json.loads(records[-2])["step"] == 2 and "result" in json.loads(records[-1])
 
 
 def test_keep_last_prunes_only_this_log_dirs_older_checkpoints(small_corpus, tmp_path):
@@ -418,7 +421,7 @@ def test_init_from_a_checkpoint_starts_a_new_run_from_its_weights(small_corpus, 
     assert read_log(tmp_path / "b")["val"][0] == pytest.approx(read_log(tmp_path / "a")["val"][6])
     assert checkpoint(tmp_path / "b", 3)["step"] == 3
     # runs.jsonl records the model as built, and plot.py compares that
-    record = json.loads((tmp_path / "b" / "runs.jsonl").read_text())
+    record = json.loads((tmp_path / "b" / "runs.jsonl").read_text().splitlines()[0])
     assert record["config"]["n_layer"] == 5 and record["model"]["n_layer"] == 2
     runs = [plot.read_run(tmp_path / name) for name in "ab"]
     differences = plot.config_differences(*runs)
@@ -443,7 +446,7 @@ def test_a_checkpoint_of_the_previous_version_still_gives_its_weights(small_corp
 
 def test_a_metric_is_logged_to_6_digits_and_a_count_exactly(tmp_path):
     lines = []
-    metrics = train_gpt2.Metrics(tmp_path, 19073, None, lines.append)
+    metrics = train_gpt2.Metrics(tmp_path, 19073, 0, None, lines.append)
     metrics.report(1233, val=3.14159265, tokens=646971392)
     assert lines == ["step  1233/19073 | val 3.14159 | tokens 646971392"]
     assert (tmp_path / "log.txt").read_text() == "1233 val 3.14159\n1233 tokens 646971392\n"
