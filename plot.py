@@ -1,34 +1,54 @@
 """
-Training curves: a run's log.txt drawn as one PNG, or several runs compared.
+Training curves: a run's log.txt drawn as one PNG, or runs compared with their seed noise.
 
     python plot.py log                              # log/curves.png
     python plot.py log/shakespeare --out curves.png
-    python plot.py log/base log/rope                # compare.png, a table, what differs
+    python plot.py log/base-1 log/base-2 log/rope-1 log/rope-2   # compare.png and a report
+    python plot.py --json log/base-* log/rope-*     # the report as JSON (a picture only with --out)
 
-log.txt has one `step kind value` line per measured value; runs.jsonl one record per run start
-(its config, its data, the train_gpt2.py it ran), the last one the run that went on.
+log.txt has one `step kind value` line per measured value (tokens and time, the tokens and the
+training seconds so far, are bookkeeping); runs.jsonl one start record per process start (its
+config, model, data, the kept sources of every module it imported, its git commit and diff) and
+a result record when a run ends.
 
 One run: the losses (train, val) share a panel, HellaSwag (hella) has its own, and every other
 kind gets one too: a new metric needs no code here.
 
-Several runs: train and val loss, bits per byte (bpb) and HellaSwag, each run one colour, against
-steps and against tokens (step x total_batch_size); a markdown table of each run's last val, bpb
-and hella with its difference to the first run's; and for each run after the first, what differs
-from the first in config and code.
+Several runs are grouped into arms: runs whose configs differ only in seed, log_dir and resume,
+on the same data, that ran the same sources of every module (over their whole history: a resume
+under other code makes another run) are one arm, named by its first run. The report:
+- each arm: n, and for each metric (train, val, bpb, hella, any kind a fork logs) the mean,
+  the sample standard deviation and each run's final value (its last logged one);
+- each arm after the first against the first (the baseline), metric by metric: the difference of
+  means with its 95% confidence interval and p-value (a paired t-test when both arms ran the same
+  seeds, each once, else Welch's), in words; when no difference is found, how many seeds would
+  find the observed one; and the training seconds at which the arm's mean curve first reaches
+  the baseline's final mean (equal compute);
+- what differs from the baseline: config, data, and the code (a unified diff of each module that
+  differs; a change of code at a resume; the files only a git diff holds, named).
+compare.png draws each arm as its mean curve and a band (min..max of its runs) against steps,
+tokens and training seconds. --json prints {"arms": [{"name", "runs", "n", "seeds", "metrics":
+{KIND: {"mean", "sd", "values", "n"}}, "code_changes"}], "comparisons": [{"arm", "baseline",
+"metric", "test", "diff", "ci95", "p", "time_to_baseline_s", "verdict", ...}]}.
 
 GPT-2 124M's reference lines are drawn only when every run is on FineWeb-Edu: elsewhere they
 mislead.
 
-Imports the standard library and fineweb (its atomic write; matplotlib when it draws), never
-train_gpt2, which imports this module.
+Imports the standard library and fineweb (its atomic write) at module level; matplotlib when it
+draws and scipy when it compares; never train_gpt2, which imports this module.
 """
 
 import argparse
 import dataclasses
 import difflib
+import hashlib
+import io
 import json
+import math
+import statistics
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import fineweb
@@ -41,15 +61,25 @@ REFERENCES = {
     "val": {"GPT-2 124M val": 3.2924},
     "hella": {"GPT-2 124M": 0.2955, "GPT-3 124M": 0.337},
 }
-# The train line's bookkeeping: drawn in a run's curves, left out of comparisons, which draw
-# (and tabulate, all but the noisy train loss) every other kind the runs logged, a metric added
-# to the trainer included. These kinds come first, in this order.
-BOOKKEEPING = {"lr", "norm", "ms", "tok_per_s", "epoch", "mfu", "spike"}
+# The train line's bookkeeping: drawn in a run's curves, left out of comparisons, which draw and
+# compare every other kind the runs logged, a metric added to the trainer included. These kinds
+# come first, in this order.
+BOOKKEEPING = {"lr", "norm", "ms", "tok_per_s", "epoch", "mfu", "spike", "tokens", "time"}
 FIRST = ["train", "val", "bpb", "hella"]
 # in a comparison the train loss (every step, noisy) is thin and
 # translucent, the evaluations (every few hundred steps) bold
 THIN = {"lw": 1, "alpha": 0.35}
 BOLD = {"lw": 2, "marker": "o", "markersize": 3}
+# what a comparison draws against, and the label of each axis
+AXES = {"step": "step", "tokens": "tokens", "time": "training seconds"}
+# the config fields that say how one run of an arm was made, not what the arm is
+RUN_ONLY = {"seed", "log_dir", "resume"}
+# skipped log lines named one by one; the rest counted
+MAX_WARNINGS = 3
+# a comparison's test: significant below ALPHA; the power of the number of seeds it suggests
+ALPHA = 0.05
+POWER = 0.8
+MAX_SEEDS = 1000
 
 
 def read_log(path, warn=None):
@@ -59,18 +89,20 @@ def read_log(path, warn=None):
     from the step where it starts, the earlier run's values
     are dropped (the curves are those of the run that went
     on). A line that is not `step kind value` (torn by a
-    kill, edited by hand) is skipped, and warn() told its
-    file:line.
+    kill, edited by hand) is skipped; warn() is told the
+    file:line of the first few and how many more.
     """
     series = {}
     last = -1
+    skipped = 0
     text = Path(path).read_text(errors="replace")
     for number, line in enumerate(text.splitlines(), 1):
         try:
             step, kind, value = line.split()
             point = {int(step): float(value)}
         except ValueError:
-            if warn is not None:
+            skipped += 1
+            if warn is not None and skipped <= MAX_WARNINGS:
                 warn(f"{path}:{number}: skipped, not 'step kind value': {line[:60]!r}")
             continue
         # A step lower than the last one is a run resumed there (or started again): what the
@@ -81,6 +113,8 @@ def read_log(path, warn=None):
             }
         last = int(step)
         series.setdefault(kind, {}).update(point)
+    if warn is not None and skipped > MAX_WARNINGS:
+        warn(f"{path}: {skipped - MAX_WARNINGS} more lines skipped")
     return {kind: sorted(v.items()) for kind, v in series.items() if v}
 
 
@@ -97,38 +131,116 @@ def read_metrics(log_dir, warn=None):
     return series
 
 
-def last_run(log_dir):
-    """The record of the last run start in log_dir/runs.jsonl
-    (the run that went on), or None.
+# -----------------------------------------------------------------------------
+# runs.jsonl
 
-    A line torn by a kill (or not a run's record) is passed over.
-    """
+
+def field(record, key, kind):
+    """record[key] when it is a kind (an int never a bool), else None: a field of another type is
+    read as not recorded."""
+    value = record.get(key)
+    if kind is int and isinstance(value, bool):
+        return None
+    if isinstance(value, kind):
+        return value
+    return None
+
+
+def strings(value):
+    """value when it is a list of str, else None."""
+    if isinstance(value, list) and all(isinstance(item, str) for item in value):
+        return value
+    return None
+
+
+def start_record(record):
+    """A start record of runs.jsonl with each field plot.py reads in the type the trainer writes; a
+    field of another type (a null model, a list for data) is None, not recorded.
+
+    code: {module's relpath: its kept path} (an older record's str is train_gpt2.py's: older_code
+    says so); git: {commit, diff} (diff None: a clean checkout)."""
+    code = record.get("code")
+    older_code = isinstance(code, str)
+    if older_code:
+        code = {"train_gpt2.py": code}
+    if not isinstance(code, dict) or strings([*code, *code.values()]) is None:
+        code = None
+    git = field(record, "git", dict)
+    if git is not None:
+        diff = git.get("diff")
+        if diff is not None and not isinstance(diff, str):
+            git = None
+        else:
+            git = {"commit": field(git, "commit", str), "diff": diff}
+    return {
+        "step": field(record, "step", int),
+        "config": field(record, "config", dict),
+        "model": field(record, "model", dict),
+        "data": field(record, "data", dict),
+        "code": code,
+        "older_code": older_code,
+        "git": git,
+        "code_changed": strings(record.get("code_changed")),
+    }
+
+
+def read_history(log_dir):
+    """The start records (start_record's) of the run in log_dir, in order: a start at step s drops
+    those at or after s (a resume to an earlier checkpoint), as read_log does. Result records and
+    lines that are neither (torn by a kill) are passed over. [] without runs.jsonl."""
     path = Path(log_dir) / "runs.jsonl"
     # is_file: reading a FIFO would hang
     if not path.is_file():
-        return None
-    text = path.read_text(errors="replace")
-    for line in reversed(text.splitlines()):
+        return []
+    starts = []
+    for line in path.read_text(errors="replace").splitlines():
+        # (RecursionError: a line nested deeper than json reads)
         try:
             record = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
-        if isinstance(record, dict) and isinstance(record.get("config"), dict):
-            return record
-    return None
+        if not isinstance(record, dict) or "result" in record or "config" not in record:
+            continue
+        start = start_record(record)
+        if start["step"] is not None:
+            starts = [s for s in starts if s["step"] is None or s["step"] < start["step"]]
+        starts.append(start)
+    return starts
+
+
+def last_run(log_dir):
+    """The last start record in log_dir/runs.jsonl (the run that went on), as start_record reads it,
+    or None."""
+    starts = read_history(log_dir)
+    if not starts:
+        return None
+    return starts[-1]
 
 
 def dataset_of(record):
     """The dataset a run record names ("fineweb-edu", "local", ...), or None."""
-    data = record.get("data") if record else None
-    if not isinstance(data, dict):
+    if record is None or record["data"] is None:
         return None
-    return data.get("dataset")
+    return field(record["data"], "dataset", str)
 
 
 def run_dataset(log_dir):
     """The dataset of the last run in log_dir, or None."""
     return dataset_of(last_run(log_dir))
+
+
+# -----------------------------------------------------------------------------
+# pictures
+
+
+def palette(n):
+    """n distinct colours: matplotlib's ten, or beyond ten, n taken along a colour map (the ten
+    repeat)."""
+    if n <= 10:
+        return [f"C{i}" for i in range(n)]
+    from matplotlib import colormaps
+
+    return [colormaps["turbo"](i / (n - 1)) for i in range(n)]
 
 
 def figure(series, references=None):
@@ -138,6 +250,7 @@ def figure(series, references=None):
     panel (REFERENCES: GPT-2's); None draws none.
     """
     # A bare Figure, no pyplot: a notebook's backend is untouched.
+    import matplotlib
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -147,33 +260,63 @@ def figure(series, references=None):
         panels.setdefault(PANELS.get(kind, kind), []).append(kind)
     cols = min(len(panels), 3)
     rows = (len(panels) + cols - 1) // cols
-    fig = Figure((6 * cols, 4 * rows), layout="constrained")
-    FigureCanvasAgg(fig)
-    for i, (name, kinds) in enumerate(panels.items(), 1):
-        ax = fig.add_subplot(rows, cols, i, title=name, xlabel="step")
-        for kind in kinds:
-            ax.plot(*zip(*series[kind]), label=kind)
-            for label, y in (references or {}).get(kind, {}).items():
-                ax.axhline(y, ls="--", label=f"{label} ({y})")
-        ax.grid(alpha=0.3)
-        ax.legend()
+    # names as written: a $ in a kind or a log_dir is not mathtext
+    with matplotlib.rc_context({"text.parse_math": False}):
+        fig = Figure((6 * cols, 4 * rows), layout="constrained")
+        FigureCanvasAgg(fig)
+        for i, (name, kinds) in enumerate(panels.items(), 1):
+            ax = fig.add_subplot(rows, cols, i, title=name, xlabel="step")
+            for kind in kinds:
+                ax.plot(*zip(*series[kind]), label=kind)
+                for label, y in (references or {}).get(kind, {}).items():
+                    ax.axhline(y, ls="--", label=f"{label} ({y})")
+            ax.grid(alpha=0.3)
+            ax.legend()
     return fig
+
+
+def write_png(out, fig):
+    """fig written to out as a PNG, atomically: a viewer never sees half a PNG.
+
+    The PNG is drawn into memory first, so the temp file beside out lives only while its bytes
+    are written (milliseconds), not for the second matplotlib takes. Its name is this process's
+    own (write_atomic's unique): the trainer and a plot.py run may write curves.png at the same
+    moment. A writer killed then (kill -9) leaves its temp file: the next write of out removes
+    any such file older than a minute, which no live writer still holds.
+    """
+    out = Path(out)
+    buffer = io.BytesIO()
+    # matplotlib's own UserWarnings (a glyph its font lacks) are about the picture, not the
+    # input: they would only clutter the trainer's console
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            fig.savefig(buffer, format="png", dpi=100)
+        except ValueError as e:
+            raise ValueError(f"cannot draw {out}: {e}") from None
+    prefix = f".{out.name}.tmp"
+    for path in out.parent.iterdir():
+        if not path.name.startswith(prefix) or not path.name[len(prefix) :].isdigit():
+            continue
+        try:
+            if time.time() - path.stat().st_mtime > 60:
+                path.unlink()
+        except FileNotFoundError:
+            continue
+    fineweb.write_atomic(out, lambda f: f.write(buffer.getvalue()), unique=True)
+    return out
 
 
 def write_curves(log_dir, out=None, references=None, warn=None):
     """Draw log_dir/log.txt into out (default log_dir/curves.png).
 
     references: draw GPT-2's lines; None: for a FineWeb-Edu run.
-    Written atomically: a viewer never sees half a PNG.
     """
     out = Path(log_dir) / "curves.png" if out is None else Path(out)
     series = read_metrics(log_dir, warn)
     if references is None:
         references = run_dataset(log_dir) == "fineweb-edu"
-    fig = figure(series, REFERENCES if references else None)
-    # the trainer and a plot.py run may write it at the same moment
-    fineweb.write_atomic(out, lambda f: fig.savefig(f, format="png", dpi=100), unique=True)
-    return out
+    return write_png(out, figure(series, REFERENCES if references else None))
 
 
 def refresh(log_dir, warn, force=False):
@@ -191,48 +334,59 @@ def refresh(log_dir, warn, force=False):
 
 
 # -----------------------------------------------------------------------------
-# several runs compared
+# several runs: what each did
 
 
 @dataclasses.dataclass
 class Run:
-    name: str  # the log_dir as given: the run's label in the picture and the tables
+    name: str  # the log_dir as given: the run's label in the picture and the report
     log_dir: Path
     series: dict  # {kind: [(step, value), ...]}, as read_log returns it
-    record: dict | None  # the last run start in runs.jsonl (None: not recorded)
-    tokens_per_step: int | None  # its total_batch_size (None: drawn against steps only)
+    history: list  # its start records in runs.jsonl, as read_history returns them
+    record: dict | None  # the last of them (None: not recorded)
+    tokens_per_step: int | None  # its total_batch_size (None: not recorded)
+    seed: int | None
 
 
 def read_run(log_dir, warn=None):
-    """A run's metrics and its last record in runs.jsonl."""
+    """A run's metrics and its records in runs.jsonl."""
     log_dir = Path(log_dir)
     series = read_metrics(log_dir, warn)
-    record = last_run(log_dir)
-    tokens_per_step = None
-    if record is not None:
-        tokens_per_step = record["config"].get("total_batch_size")
-    if not isinstance(tokens_per_step, int):
+    history = read_history(log_dir)
+    record = history[-1] if history else None
+    config = record["config"] if record and record["config"] is not None else {}
+    tokens_per_step = field(config, "total_batch_size", int)
+    if tokens_per_step is not None and tokens_per_step <= 0:
         tokens_per_step = None
-        if warn is not None:
-            warn(f"{log_dir}: no total_batch_size in its runs.jsonl: drawn against steps only")
-    return Run(str(log_dir), log_dir, series, record, tokens_per_step)
+    # (an older log: no tokens kind)
+    if tokens_per_step is None and "tokens" not in series and warn is not None:
+        warn(f"{log_dir}: no total_batch_size in its runs.jsonl: drawn against steps only")
+    seed = field(config, "seed", int)
+    return Run(str(log_dir), log_dir, series, history, record, tokens_per_step, seed)
 
 
-def draw_run(ax, run, kinds, color, x):
-    """run's kinds on ax in its colour, against x: "step", or
-    "tokens" (step x total_batch_size: the tokens trained on
-    before the step). Labelled by the run's name, and the kind
-    where the panel has two (loss: train and val)."""
-    scale = 1 if x == "step" else run.tokens_per_step
-    for kind in kinds:
-        points = run.series.get(kind)
-        if not points:
+def points(run, kind, axis):
+    """run's (step, x, value) of kind against axis: "step", or what the run had done when the value
+    was measured, "tokens" or "time" (training seconds): the value of that kind logged at the step
+    before (0 at step 0). An older log without tokens: step x total_batch_size; without time: no
+    points."""
+    logged = dict(run.series.get(axis, [])) if axis != "step" else {}
+    # an older log, without the tokens kind
+    per_step = run.tokens_per_step if axis == "tokens" and not logged else None
+    found = []
+    for step, value in run.series.get(kind, []):
+        if axis == "step":
+            x = step
+        elif step - 1 in logged:
+            x = logged[step - 1]
+        elif per_step is not None:
+            x = step * per_step
+        elif step == 0 and logged:
+            x = 0
+        else:
             continue
-        steps = [step * scale for step, _ in points]
-        values = [value for _, value in points]
-        label = run.name if len(kinds) == 1 else f"{run.name} {kind}"
-        style = THIN if kind == "train" else BOLD
-        ax.plot(steps, values, color=color, label=label, **style)
+        found.append((step, x, value))
+    return found
 
 
 def compared_kinds(runs):
@@ -242,45 +396,418 @@ def compared_kinds(runs):
     return [k for k in FIRST if k in logged] + sorted(logged - set(FIRST))
 
 
-def comparison_figure(runs, references=None):
-    """runs drawn together as a matplotlib Figure on the Agg canvas.
+# -----------------------------------------------------------------------------
+# several runs: arms
 
-    A column per panel of the compared kinds (PANELS groups them);
-    a row against steps, and a row against tokens holding the
-    runs whose total_batch_size is known. Run i is colour Ci in
-    every panel. references: as figure()'s.
-    """
+
+@dataclasses.dataclass
+class Arm:
+    name: str  # its first run's name
+    runs: list
+
+
+def settings(record):
+    """A run's config, its model's config over it (older records have none), log_dir left out; None
+    when not recorded."""
+    if record is None or record["config"] is None:
+        return None
+    merged = {**record["config"], **(record["model"] or {})}
+    return {k: v for k, v in merged.items() if k != "log_dir"}
+
+
+def kept_file(run, kept):
+    """The bytes of a file run's record names (relative to its log_dir: code/...), or None when it
+    is gone."""
+    path = run.log_dir / kept
+    # is_file: reading a FIFO would hang
+    if not path.is_file():
+        return None
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
+
+
+def code_sources(run, record):
+    """{module: sha256 of its kept source} of what record ran, or None when a source is not recorded
+    or gone."""
+    if record["code"] is None:
+        return None
+    sources = {}
+    for module, kept in record["code"].items():
+        data = kept_file(run, kept)
+        if data is None:
+            return None
+        sources[module] = hashlib.sha256(data).hexdigest()
+    return sources
+
+
+def arm_key(run):
+    """What makes runs one arm, as a str: over the run's history, its settings but RUN_ONLY's, its
+    data and the sources of every module it ran, each state with the step where it began (the
+    first's left out: where a run starts does not change it). None when some of it is not recorded:
+    an arm of its own."""
+    states = []
+    for record in run.history:
+        config = settings(record)
+        sources = code_sources(run, record)
+        if config is None or sources is None:
+            return None
+        config = {k: v for k, v in config.items() if k not in RUN_ONLY}
+        state = [config, record["data"], sources]
+        if states and states[-1][1:] == state:
+            continue
+        step = record["step"] if states else None
+        states.append([step, *state])
+    if not states:
+        return None
+    return json.dumps(states, sort_keys=True)
+
+
+def group_arms(runs):
+    """runs as arms: those of equal arm_key together, in the order of their first runs."""
+    arms = []
+    keys = []
+    for run in runs:
+        key = arm_key(run)
+        if key is not None and key in keys:
+            arms[keys.index(key)].runs.append(run)
+            continue
+        keys.append(key)
+        arms.append(Arm(run.name, [run]))
+    return arms
+
+
+def finals(arm, kind):
+    """(seed, last value) of kind of each run of arm that logged it."""
+    return [(run.seed, run.series[kind][-1][1]) for run in arm.runs if run.series.get(kind)]
+
+
+def number(x):
+    """x as a JSON number: a float, or None (null) if not finite."""
+    if x is None or not math.isfinite(x):
+        return None
+    return float(x)
+
+
+def summary(arm, kind):
+    """{mean, sd, values, n} of kind's final values in arm: values one a run (None: not logged), sd
+    None below 2 runs, mean and sd None when a value is not finite."""
+    by_run = {run.name: run.series[kind][-1][1] for run in arm.runs if run.series.get(kind)}
+    values = list(by_run.values())
+    finite = all(math.isfinite(v) for v in values)
+    mean = statistics.fmean(values) if values and finite else None
+    sd = statistics.stdev(values) if len(values) > 1 and finite else None
+    return {
+        "mean": number(mean),
+        "sd": number(sd),
+        "values": [number(by_run.get(run.name)) for run in arm.runs],
+        "n": len(values),
+    }
+
+
+def code_changes(run):
+    """[{step, modules}] for each start of run's history under other code than its checkpoint's: the
+    trainer's code_changed, or for an older record, the modules whose kept source differs from the
+    previous start's."""
+    changes = []
+    for i, record in enumerate(run.history):
+        modules = record["code_changed"]
+        if modules is None and i > 0:
+            before = code_sources(run, run.history[i - 1])
+            after = code_sources(run, record)
+            if before is not None and after is not None:
+                modules = [m for m in {**before, **after} if before.get(m) != after.get(m)]
+        if modules:
+            changes.append({"step": record["step"], "modules": modules})
+    return changes
+
+
+# -----------------------------------------------------------------------------
+# several runs: arms compared with their noise
+
+
+def direction(kind):
+    """ "lower" or "higher", whichever is better for kind, or None: lower for losses (train, val,
+    bpb, *loss*), higher for accuracies (hella, *acc*)."""
+    if kind in ("train", "val", "bpb") or "loss" in kind:
+        return "lower"
+    if kind == "hella" or "acc" in kind:
+        return "higher"
+    return None
+
+
+def fmt(x):
+    """x to 4 decimals, or to 4 significant digits where decimals would hide it."""
+    if x == 0 or 1e-4 <= abs(x) < 1e5:
+        return f"{x:.4f}"
+    return f"{x:.4g}"
+
+
+def change(kind, diff):
+    """diff (arm minus baseline) in words: "better by 0.0191", "worse by", or for a kind of no known
+    direction "lower by", "higher by"; "the same" when 0."""
+    if diff == 0:
+        return "the same"
+    side = "lower" if diff < 0 else "higher"
+    if direction(kind) is not None:
+        side = "better" if side == direction(kind) else "worse"
+    return f"{side} by {fmt(abs(diff))}"
+
+
+def power(delta, n, sd, sd_base, paired):
+    """The power of the two-sided t-test at ALPHA to find a true difference delta with n seeds an
+    arm, at the spread seen: sd of the per-seed differences (paired), or of each arm (Welch's test,
+    its degrees of freedom Welch-Satterthwaite's)."""
+    from scipy import stats
+
+    if paired:
+        se = sd / math.sqrt(n)
+        df = n - 1
+    else:
+        a = sd**2 / n
+        b = sd_base**2 / n
+        se = math.sqrt(a + b)
+        df = (a + b) ** 2 / (a**2 / (n - 1) + b**2 / (n - 1))
+    critical = stats.t.ppf(1 - ALPHA / 2, df)
+    shift = delta / se
+    # the chance of t beyond either critical value; the lower tail as the upper one of -shift
+    # (scipy's nct.cdf there is nan for a large shift)
+    return stats.nct.sf(critical, df, shift) + stats.nct.sf(critical, df, -shift)
+
+
+def seeds_needed(delta, sd, sd_base, paired):
+    """The fewest seeds an arm (2 to MAX_SEEDS) whose test finds a true difference delta with POWER
+    at ALPHA, at the spread seen (as power()); None if MAX_SEEDS do not."""
+    if delta == 0 or power(delta, MAX_SEEDS, sd, sd_base, paired) < POWER:
+        return None
+    # the power grows with the seeds: the fewest by bisection
+    low = 2
+    high = MAX_SEEDS
+    while low < high:
+        middle = (low + high) // 2
+        if power(delta, middle, sd, sd_base, paired) >= POWER:
+            high = middle
+        else:
+            low = middle + 1
+    return low
+
+
+def t_test(base, other):
+    """The t-test of the final values other's runs logged against base's ((seed, value) pairs):
+    paired by seed when both ran the same seeds, each once, else Welch's. (test, the difference's
+    95% CI, p, the spreads power() takes), or None when the values have no spread to test."""
+    from scipy import stats
+
+    seeds = [seed for seed, _ in base]
+    paired = None not in seeds and len(set(seeds)) == len(seeds)
+    paired = paired and sorted(seeds) == sorted(seed for seed, _ in other)
+    base_values = [value for _, value in base]
+    arm_values = [value for _, value in other]
+    if paired:
+        by_seed = dict(other)
+        arm_values = [by_seed[seed] for seed in seeds]
+        diffs = [a - b for a, b in zip(arm_values, base_values)]
+        spreads = (statistics.stdev(diffs), None)
+    else:
+        spreads = (statistics.stdev(arm_values), statistics.stdev(base_values))
+    if not any(spreads):
+        return None
+    # scipy warns of precision lost on values that nearly agree: the result stands
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if paired:
+            result = stats.ttest_rel(arm_values, base_values)
+        else:
+            result = stats.ttest_ind(arm_values, base_values, equal_var=False)
+        ci = result.confidence_interval(1 - ALPHA)
+    return "paired" if paired else "welch", [ci.low, ci.high], float(result.pvalue), spreads
+
+
+def mean_curve(runs, kind, axis):
+    """An arm's curve of kind against axis: [(x, mean, min, max)] at each step every run that logged
+    kind has a point at (x the runs' mean), then, when the runs end at different steps (time
+    bounded), at the mean of their last points. [] when a run has no points against axis (an older
+    log: no time)."""
+    curves = [points(run, kind, axis) for run in runs if run.series.get(kind)]
+    if not curves or not all(curves):
+        return []
+    by_step = [{step: (x, value) for step, x, value in curve} for curve in curves]
+    common = sorted(set.intersection(*(set(steps) for steps in by_step)))
+    found = [mean_point([steps[step] for steps in by_step]) for step in common]
+    lasts = [curve[-1] for curve in curves]
+    if not common or any(step != common[-1] for step, _, _ in lasts):
+        found.append(mean_point([(x, value) for _, x, value in lasts]))
+    return found
+
+
+def mean_point(pairs):
+    """(mean x, mean value, min value, max value) of (x, value) pairs (a plain sum: a value of a
+    diverged run, inf or nan, is drawn as matplotlib draws those)."""
+    xs = [x for x, _ in pairs]
+    values = [value for _, value in pairs]
+    return sum(xs) / len(xs), sum(values) / len(values), min(values), max(values)
+
+
+def time_to_reach(curve, target, lower):
+    """The x at which curve [(x, y, ...)] first reaches target (<= if lower, else >=), interpolated
+    between its points, or None if it never does."""
+    previous = None
+    for x, y, *_ in curve:
+        if (y <= target) if lower else (y >= target):
+            if previous is None:
+                return x
+            x0, y0 = previous
+            return x0 + (target - y0) * (x - x0) / (y - y0)
+        previous = (x, y)
+    return None
+
+
+def time_to_baseline(kind, baseline, arm, target):
+    """The equal-compute view of kind: the training seconds at which arm's mean curve first
+    reaches target (the baseline's final mean), the baseline's own (its mean curve's last), and
+    their ratio; None where unknown (no time logged, a kind of no known direction)."""
+    found = {"time_to_baseline_s": None, "baseline_time_s": None, "time_ratio": None}
+    base_curve = mean_curve(baseline.runs, kind, "time")
+    arm_curve = mean_curve(arm.runs, kind, "time")
+    if direction(kind) is None or not base_curve or not arm_curve:
+        return found
+    reached = time_to_reach(arm_curve, target, direction(kind) == "lower")
+    own = base_curve[-1][0]
+    found.update(time_to_baseline_s=number(reached), baseline_time_s=number(own))
+    if reached is not None and own > 0:
+        found["time_ratio"] = number(reached / own)
+    return found
+
+
+def compare_metric(kind, baseline, arm):
+    """arm's final values of kind against baseline's: a dict of the numbers (see main's --json)
+    and their verdict in words; None if one of the arms did not log kind."""
+    base = finals(baseline, kind)
+    other = finals(arm, kind)
+    if not base or not other:
+        return None
+    row = {"arm": arm.name, "baseline": baseline.name, "metric": kind, "test": None}
+    row.update(mean=None, baseline_mean=None, n=[len(other), len(base)], diff=None)
+    row.update(ci95=None, p=None, seeds_needed=None)
+    row.update(time_to_baseline_s=None, baseline_time_s=None, time_ratio=None)
+    if not all(math.isfinite(value) for _, value in base + other):
+        row["verdict"] = f"{kind}: not compared, a final value is not finite"
+        return row
+    base_mean = statistics.fmean(value for _, value in base)
+    arm_mean = statistics.fmean(value for _, value in other)
+    diff = arm_mean - base_mean
+    row.update(mean=number(arm_mean), baseline_mean=number(base_mean), diff=number(diff))
+    row.update(time_to_baseline(kind, baseline, arm, base_mean))
+    means = f"{kind} {fmt(arm_mean)} vs {fmt(base_mean)}"
+    seeds = f"{len(other)} vs {len(base)} seeds"
+
+    # one run: its seed noise is unknown
+    if len(base) < 2 or len(other) < 2:
+        if len(base) == len(other):
+            who = "between single runs: no p-value (the seed noise is unknown)"
+        else:
+            single = baseline.name if len(base) < 2 else arm.name
+            who = f"{single} is a single run: no p-value (its seed noise is unknown)"
+        row["verdict"] = f"{means}: {change(kind, diff)}, {who}: run more seeds (--seed)"
+        return row
+    tested = t_test(base, other)
+    if tested is None:
+        row["verdict"] = f"{means}: {change(kind, diff)}, no spread between seeds to test ({seeds})"
+        return row
+    test, ci, p, spreads = tested
+    row.update(test=test, ci95=[number(ci[0]), number(ci[1])], p=number(p))
+    if p < ALPHA:
+        # the interval of the amount said: of -diff when the arm is lower
+        low, high = ci
+        if diff < 0:
+            low, high = -ci[1], -ci[0]
+        interval = f"95% CI {fmt(low)}..{fmt(high)}"
+        row["verdict"] = f"{means}: {change(kind, diff)} ({interval}, p = {p:.2g}; {seeds}, {test})"
+        return row
+    # no difference found: how many seeds would find the one observed, if it is real
+    needed = seeds_needed(abs(diff), *spreads, paired=test == "paired")
+    row["seeds_needed"] = needed
+    sign = "+" if diff > 0 else ""
+    interval = f"95% CI {fmt(ci[0])}..{fmt(ci[1])}"
+    text = f"{means}: no difference beyond seed noise"
+    text += f" (p = {p:.2g}; diff {sign}{fmt(diff)}, {interval}; {seeds}, {test})"
+    observed = f"the observed difference {fmt(abs(diff))}"
+    odds = f"{POWER:.0%} power at alpha {ALPHA}"
+    if needed is None:
+        text += f": more than {MAX_SEEDS} seeds per arm would be needed to detect {observed}"
+    else:
+        text += f": at this spread about {needed} seeds per arm would detect {observed}"
+    row["verdict"] = f"{text} with {odds}"
+    return row
+
+
+# -----------------------------------------------------------------------------
+# several runs: the picture
+
+
+def draw_arm(ax, arm, kinds, color, axis):
+    """arm's kinds on ax in its colour against axis: each its mean curve, and a band from the lowest
+    to the highest run. Labelled by the arm's name (and n), and the kind where the panel has two
+    (loss: train and val)."""
+    name = arm.name if len(arm.runs) == 1 else f"{arm.name} (n={len(arm.runs)})"
+    for kind in kinds:
+        curve = mean_curve(arm.runs, kind, axis)
+        if not curve:
+            continue
+        xs, means, lows, highs = zip(*curve)
+        label = name if len(kinds) == 1 else f"{name} {kind}"
+        style = THIN if kind == "train" else BOLD
+        ax.plot(xs, means, color=color, label=label, **style)
+        if len(arm.runs) > 1:
+            ax.fill_between(xs, lows, highs, color=color, alpha=0.15, lw=0)
+        # a band needs two points: one (a final evaluation alone) gets a bar
+        if len(arm.runs) > 1 and len(xs) == 1:
+            ax.vlines(xs, lows, highs, color=color, alpha=0.5)
+
+
+def comparison_figure(arms, references=None):
+    """arms drawn together as a matplotlib Figure on the Agg canvas.
+
+    A panel per group of compared kinds (PANELS groups them), four to a row, a block of such rows
+    against each axis: steps, tokens (where a run knows them) and training seconds (where a run
+    logged them). Arm i has one colour in every panel. references: as figure()'s."""
+    import matplotlib
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import EngFormatter
 
+    runs = [run for arm in arms for run in arm.runs]
     panels = {}
     for kind in compared_kinds(runs):
         panels.setdefault(PANELS.get(kind, kind), []).append(kind)
-    if not panels:
-        names = ", ".join(run.name for run in runs)
-        raise ValueError(f"{names}: no metric logged yet, nothing to compare")
-    rows = ["step"]
-    if any(run.tokens_per_step for run in runs):
-        rows.append("tokens")
-    fig = Figure((6 * len(panels), 4 * len(rows)), layout="constrained")
-    FigureCanvasAgg(fig)
-    for row, x in enumerate(rows):
-        for col, (title, kinds) in enumerate(panels.items()):
-            index = row * len(panels) + col + 1
-            ax = fig.add_subplot(len(rows), len(panels), index, title=title, xlabel=x)
-            for i, run in enumerate(runs):
-                if x == "tokens" and run.tokens_per_step is None:
-                    continue
-                draw_run(ax, run, kinds, f"C{i % 10}", x)
-            for kind in kinds:
-                for label, y in (references or {}).get(kind, {}).items():
-                    ax.axhline(y, color="gray", ls="--", label=f"{label} ({y})")
-            # 10B tokens read as 10G, not as an offset of 1e10
-            if x == "tokens":
-                ax.xaxis.set_major_formatter(EngFormatter())
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize="small")
+    axes = ["step"]
+    if any("tokens" in run.series or run.tokens_per_step for run in runs):
+        axes.append("tokens")
+    if any("time" in run.series for run in runs):
+        axes.append("time")
+    cols = min(len(panels), 4)
+    block = -(-len(panels) // cols)  # rows a block
+    colors = palette(len(arms))
+    with matplotlib.rc_context({"text.parse_math": False}):
+        fig = Figure((6 * cols, 4 * block * len(axes)), layout="constrained")
+        FigureCanvasAgg(fig)
+        for a, axis in enumerate(axes):
+            for p, (title, kinds) in enumerate(panels.items()):
+                index = a * block * cols + p + 1
+                ax = fig.add_subplot(block * len(axes), cols, index, title=title)
+                ax.set_xlabel(AXES[axis])
+                for arm, color in zip(arms, colors):
+                    draw_arm(ax, arm, kinds, color, axis)
+                for kind in kinds:
+                    for label, y in (references or {}).get(kind, {}).items():
+                        ax.axhline(y, color="gray", ls="--", label=f"{label} ({y})")
+                # 10B tokens read as 10G, not as an offset of 1e10
+                if axis == "tokens":
+                    ax.xaxis.set_major_formatter(EngFormatter())
+                ax.grid(alpha=0.3)
+                if ax.get_legend_handles_labels()[0]:
+                    ax.legend(fontsize="small")
     return fig
 
 
@@ -292,42 +819,8 @@ def references_for(runs):
     return None
 
 
-def markdown(rows):
-    """rows (the first the header) as a markdown table, its columns aligned."""
-    widths = [max(len(row[col]) for row in rows) for col in range(len(rows[0]))]
-    lines = []
-    for row in rows:
-        cells = [cell.ljust(width) for cell, width in zip(row, widths)]
-        lines.append("| " + " | ".join(cells) + " |")
-    rule = ["-" * width for width in widths]
-    lines.insert(1, "| " + " | ".join(rule) + " |")
-    return "\n".join(lines)
-
-
-def table(runs):
-    """Each run's last value of each compared kind but train (the
-    value at the highest step that has one), its difference to the
-    first run's, and that step, as a markdown table."""
-    kinds = [kind for kind in compared_kinds(runs) if kind != "train"]
-    header = ["run"]
-    for kind in kinds:
-        header += [kind, "diff", "step"]
-    rows = [header]
-    for run in runs:
-        row = [run.name]
-        for kind in kinds:
-            points = run.series.get(kind)
-            first_points = runs[0].series.get(kind)
-            if not points:
-                row += ["n/a", "", ""]
-                continue
-            step, value = points[-1]
-            diff = ""
-            if run is not runs[0] and first_points:
-                diff = f"{value - first_points[-1][1]:+.4f}"
-            row += [f"{value:.4f}", diff, str(step)]
-        rows.append(row)
-    return markdown(rows)
+# -----------------------------------------------------------------------------
+# several runs: what differs in config and code
 
 
 def value_differences(before, after, prefix=""):
@@ -343,22 +836,19 @@ def value_differences(before, after, prefix=""):
     return lines
 
 
-def settings(record):
-    """A run's config, its model's config over it (older records
-    have none)."""
-    merged = {**record["config"], **record.get("model", {})}
-    return {k: v for k, v in merged.items() if k != "log_dir"}
-
-
 def config_differences(first, run):
-    """The config keys (log_dir left out: every run has its own),
-    the model's (as built: an --init_from model is not the config's
-    shape flags) and the data whose values differ from the first
-    run's."""
-    lines = value_differences(settings(first.record), settings(run.record))
+    """The config keys (RUN_ONLY's left out: every run has its own), the model's (as built: an
+    --init_from model is not the config's shape flags) and the data whose values differ from the
+    first run's."""
+    configs = [settings(first.record), settings(run.record)]
+    if None in configs:
+        unrecorded = [r.name for r, c in zip((first, run), configs) if c is None]
+        return [f"config not recorded (runs.jsonl of {' and '.join(unrecorded)})"]
+    before, after = [{k: v for k, v in c.items() if k not in RUN_ONLY} for c in configs]
+    lines = value_differences(before, after)
     # a loss compares only on the same data: say so when it is not
-    data_before = first.record.get("data") or {}
-    data_after = run.record.get("data") or {}
+    data_before = first.record["data"] or {}
+    data_after = run.record["data"] or {}
     lines += value_differences(data_before, data_after, prefix="data.")
     if not lines:
         lines.append("same config")
@@ -366,47 +856,93 @@ def config_differences(first, run):
 
 
 def git_commit(record):
-    """The commit a run record names, or None (outside a git
-    checkout, or a record older than the field)."""
-    git = record.get("git")
-    if not isinstance(git, dict):
+    """The commit a run record names, or None (outside a git checkout, or a record older than the
+    field)."""
+    if record["git"] is None:
         return None
-    return git.get("commit")
+    return record["git"]["commit"]
 
 
-def saved_code(run):
-    """The path of the train_gpt2.py run ran, as its record names it, or None."""
-    code = run.record.get("code")
-    if not isinstance(code, str):
-        return None
-    return run.log_dir / code
+def diff_sections(text):
+    """A `git diff` as {path: its section's text}."""
+    sections = {}
+    path = None
+    for line in text.splitlines():
+        if line.startswith("diff --git "):
+            path = line.rsplit(" b/", 1)[-1].strip('"')
+            sections[path] = []
+        if path is not None:
+            sections[path].append(line)
+    return {path: "\n".join(lines) for path, lines in sections.items()}
+
+
+def git_differences(first, run):
+    """The files whose part of the kept `git diff` differs between the runs and that no run imported
+    (those are compared as code), as one line, or []."""
+    texts = []
+    for r in (first, run):
+        git = r.record["git"]
+        if git is None:
+            return []
+        if git["diff"] is None:
+            texts.append("")
+            continue
+        data = kept_file(r, git["diff"])
+        if data is None:
+            return [f"git diff not compared: {r.log_dir / git['diff']} missing"]
+        texts.append(data.decode(errors="replace"))
+    before, after = [diff_sections(text) for text in texts]
+    imported = {*(first.record["code"] or {}), *(run.record["code"] or {})}
+    files = [f for f in {**before, **after} if before.get(f) != after.get(f)]
+    others = [f for f in files if f not in imported]
+    if not others:
+        return []
+    return [f"git diff differs in files no run imported: {', '.join(others)}"]
 
 
 def code_differences(first, run):
-    """Whether run's train_gpt2.py differs from the first run's:
-    "same code", or a unified diff; the git commits when they differ."""
+    """Whether the code run ran (its last record's) differs from the first run's, module by
+    module: "same code" only when every module has the same source, else a unified diff of each
+    that differs (or that one run imported); the git commits when they differ; the files no run
+    imported whose git diff differs."""
     lines = []
     commits = [git_commit(first.record), git_commit(run.record)]
     if commits[0] != commits[1]:
         shown = [commit or "not recorded" for commit in commits]
         lines.append(f"git commit: {shown[0]} -> {shown[1]}")
-    paths = [saved_code(first), saved_code(run)]
-    unrecorded = [r.name for r, path in zip((first, run), paths) if path is None]
+    codes = [first.record["code"], run.record["code"]]
+    unrecorded = [r.name for r, code in zip((first, run), codes) if code is None]
     if unrecorded:
         lines.append(f"code not recorded (runs.jsonl of {' and '.join(unrecorded)})")
         return lines
-    # is_file: a file deleted since (or a FIFO) is not read
-    missing = [str(path) for path in paths if not path.is_file()]
-    if missing:
-        lines.append(f"code not compared: {' and '.join(missing)} missing")
-        return lines
-    before = paths[0].read_text(errors="replace").splitlines()
-    after = paths[1].read_text(errors="replace").splitlines()
-    if before == after:
-        lines.append("same code")
-        return lines
-    lines.append("code differs:")
-    lines += difflib.unified_diff(before, after, str(paths[0]), str(paths[1]), lineterm="")
+    # an older record kept train_gpt2.py alone: that is all there is to compare
+    older = first.record["older_code"] or run.record["older_code"]
+    modules = list(codes[0]) + [module for module in codes[1] if module not in codes[0]]
+    if older:
+        modules = ["train_gpt2.py"]
+    found = []
+    unread = []
+    for module in modules:
+        if module not in codes[0] or module not in codes[1]:
+            owner = first if module in codes[0] else run
+            found.append(f"{module}: imported by {owner.name} only")
+            continue
+        paths = [first.log_dir / codes[0][module], run.log_dir / codes[1][module]]
+        sources = [kept_file(first, codes[0][module]), kept_file(run, codes[1][module])]
+        missing = [str(path) for path, source in zip(paths, sources) if source is None]
+        if missing:
+            unread.append(f"{module}: not compared, {' and '.join(missing)} missing")
+        elif sources[0] != sources[1]:
+            before, after = [source.decode(errors="replace").splitlines() for source in sources]
+            found += difflib.unified_diff(before, after, str(paths[0]), str(paths[1]), lineterm="")
+    if found:
+        lines += ["code differs:", *found]
+    elif not unread:
+        lines.append(
+            "same train_gpt2.py (an older record keeps no other module)" if older else "same code"
+        )
+    lines += unread
+    lines += git_differences(first, run)
     return lines
 
 
@@ -424,24 +960,113 @@ def differences(first, run):
     return lines
 
 
-def report(runs):
-    """The table, then what differs from the first run for each
-    run after it: the text a comparison prints."""
-    parts = [table(runs)]
-    for run in runs[1:]:
-        parts.append("\n".join(differences(runs[0], run)))
+# -----------------------------------------------------------------------------
+# several runs: the report
+
+
+def markdown(rows):
+    """rows (the first the header) as a markdown table, its columns aligned."""
+    widths = [max(len(row[col]) for row in rows) for col in range(len(rows[0]))]
+    lines = []
+    for row in rows:
+        cells = [cell.ljust(width) for cell, width in zip(row, widths)]
+        lines.append("| " + " | ".join(cells) + " |")
+    rule = ["-" * width for width in widths]
+    lines.insert(1, "| " + " | ".join(rule) + " |")
+    return "\n".join(lines)
+
+
+def arm_text(arm, metrics):
+    """An arm's header (its runs and seeds), its code changes, and a table of each metric's mean ±
+    sd and each run's value."""
+    seeds = ", ".join("?" if run.seed is None else str(run.seed) for run in arm.runs)
+    if len(arm.runs) == 1:
+        lines = [f"{arm.name}: 1 run, seed {seeds}"]
+    else:
+        names = ", ".join(run.name for run in arm.runs)
+        lines = [f"{arm.name}: {len(arm.runs)} runs ({names}), seeds {seeds}"]
+    for changed in code_changes(arm.runs[0]):
+        modules = ", ".join(changed["modules"])
+        lines.append(f"code changed at step {changed['step']}: {modules}")
+    rows = [["metric", "mean ± sd", "values"]]
+    for kind, stats in metrics.items():
+        if stats["n"] == 0:
+            continue
+        values = [run.series[kind][-1][1] if run.series.get(kind) else None for run in arm.runs]
+        shown = " ".join("-" if v is None else fmt(v) for v in values)
+        mean = "n/a" if stats["mean"] is None else fmt(stats["mean"])
+        if stats["sd"] is not None:
+            mean += f" ± {fmt(stats['sd'])}"
+        rows.append([kind, mean, shown])
+    return "\n".join(lines) + "\n" + markdown(rows)
+
+
+def time_text(row):
+    """The val comparison's time to the baseline's final val, as a line, or None."""
+    if row["baseline_time_s"] is None:
+        return None
+    reached = row["time_to_baseline_s"]
+    base = row["baseline"]
+    target = f"{base}'s final val {fmt(row['baseline_mean'])}"
+    if reached is None:
+        return f"time: never reaches {target}"
+    text = f"time: reaches {target} at {reached:.1f} s"
+    if row["time_ratio"] is not None:
+        text += f", {row['time_ratio']:.2f} x {base}'s {row['baseline_time_s']:.1f} s"
+    return text
+
+
+def report(arms, metrics, comparisons):
+    """The text a comparison prints: a table for each arm, then for each arm after the first its
+    verdicts, the time to the baseline's final val, and what differs from the baseline."""
+    parts = [arm_text(arm, stats) for arm, stats in zip(arms, metrics)]
+    for arm, rows in zip(arms[1:], comparisons):
+        lines = [f"## {arm.name} vs {arms[0].name}"]
+        lines += [row["verdict"] for row in rows]
+        for row in rows:
+            line = time_text(row) if row["metric"] == "val" else None
+            if line is not None:
+                lines.append(line)
+        lines += differences(arms[0].runs[0], arm.runs[0])[1:]
+        parts.append("\n".join(lines))
     return "\n\n".join(parts) + "\n"
 
 
-def compare(log_dirs, out, warn=None):
-    """Several runs: their curves drawn into out (atomically), the
-    report printed."""
+def report_json(arms, metrics, comparisons):
+    """What --json prints: {"arms": [...], "comparisons": [...]} (see main)."""
+    found = []
+    for arm, stats in zip(arms, metrics):
+        names = [run.name for run in arm.runs]
+        seeds = [run.seed for run in arm.runs]
+        entry = {"name": arm.name, "runs": names, "n": len(names), "seeds": seeds}
+        entry.update(metrics=stats, code_changes=code_changes(arm.runs[0]))
+        found.append(entry)
+    rows = [row for arm_rows in comparisons for row in arm_rows]
+    return json.dumps({"arms": found, "comparisons": rows}, indent=1, allow_nan=False)
+
+
+def compare(log_dirs, out, as_json, warn=None):
+    """Several runs (or one, for --json) grouped into arms, each compared with the first: the
+    report (or its JSON) printed and, with out, the arms drawn into it."""
     runs = [read_run(log_dir, warn) for log_dir in log_dirs]
-    fig = comparison_figure(runs, references_for(runs))
-    text = report(runs)
-    fineweb.write_atomic(Path(out), lambda f: fig.savefig(f, format="png", dpi=100), unique=True)
-    print(text)
-    return out
+    kinds = compared_kinds(runs)
+    if not kinds:
+        names = ", ".join(run.name for run in runs)
+        raise ValueError(f"{names}: no metric logged yet, nothing to compare")
+    arms = group_arms(runs)
+    metrics = [{kind: summary(arm, kind) for kind in kinds} for arm in arms]
+    comparisons = []
+    for arm in arms[1:]:
+        rows = [compare_metric(kind, arms[0], arm) for kind in kinds]
+        comparisons.append([row for row in rows if row is not None])
+    if out is not None:
+        write_png(out, comparison_figure(arms, references_for(runs)))
+    if as_json:
+        print(report_json(arms, metrics, comparisons))
+        return
+    print(report(arms, metrics, comparisons))
+    if out is not None:
+        print(f"wrote {out}")
 
 
 def check_out(out, log_dirs):
@@ -464,42 +1089,59 @@ def check_out(out, log_dirs):
             )
 
 
+def check_once(log_dirs):
+    """An error for a log_dir given twice (it would count as two seeds)."""
+    seen = []
+    for log_dir in log_dirs:
+        path = Path(log_dir).resolve()
+        if path in seen:
+            raise ValueError(f"{log_dir} is given twice: give each run once")
+        seen.append(path)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="plot.py",
         usage=argparse.SUPPRESS,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=(
-            "Draw a run's log.txt as a PNG of its curves, or compare runs.\n\n"
+            "Draw a run's log.txt as a PNG of its curves, or compare runs: runs that differ\n"
+            "only in --seed are one arm, each arm compared with the first with its seed noise.\n\n"
             "  python plot.py LOG_DIR [--out PNG]              # LOG_DIR/curves.png\n"
-            "  python plot.py LOG_DIR LOG_DIR ... [--out PNG]  # compare.png, a table, diffs"
+            "  python plot.py LOG_DIR LOG_DIR ... [--out PNG]  # compare.png and a report\n"
+            "  python plot.py --json LOG_DIR ...               # the report as JSON"
         ),
     )
     parser.add_argument("log_dirs", nargs="+", metavar="log_dir", help="a training run's log_dir")
     parser.add_argument(
         "--out",
         metavar="PNG",
-        help="the picture (default: LOG_DIR/curves.png; comparing runs, ./compare.png)",
+        help="the picture (default: LOG_DIR/curves.png; comparing runs, ./compare.png; with"
+        " --json, none)",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print the arms and comparisons as JSON, only"
     )
     args = parser.parse_args(argv)
-    comparing = len(args.log_dirs) > 1
+    comparing = len(args.log_dirs) > 1 or args.json
     out = args.out
-    if out is None and comparing:
+    if out is None and comparing and not args.json:
         out = "compare.png"
 
     def warn(message):
         print(f"plot.py: warning: {message}", file=sys.stderr)
 
     try:
+        check_once(args.log_dirs)
         if out is not None:
             check_out(out, args.log_dirs)
         if comparing:
-            out = compare(args.log_dirs, out, warn)
+            compare(args.log_dirs, out, args.json, warn)
         else:
             out = write_curves(args.log_dirs[0], out, warn=warn)
+            print(f"wrote {out}")
     except (OSError, ValueError, ImportError) as e:
         sys.exit(f"plot.py: error: {e}")
-    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

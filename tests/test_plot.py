@@ -1,11 +1,15 @@
 """plot.py: log.txt read as a resumed run wrote it, every kind drawn, GPT-2's lines only for
-FineWeb-Edu runs, the PNG written atomically; several runs compared (one picture against steps and
-tokens, a table of their last values, what differs in config and code); one line on stderr for bad
-input."""
+FineWeb-Edu runs, the PNG written atomically (a killed writer's temp file removed by the next);
+several runs grouped into arms (seeds of one config and code), each arm's mean, sd and values, arms
+compared with their seed noise (paired or Welch t-tests checked against scipy and a textbook, the
+power of more seeds, the time to the baseline's final val), drawn as mean and band against steps,
+tokens and time; what differs in config and every module's code; records of any shape read without
+a traceback; one line on stderr for bad input."""
 
 import hashlib
 import json
 import os
+import statistics
 import sys
 from pathlib import Path
 
@@ -156,7 +160,452 @@ def test_main_with_one_run_draws_todays_picture_into_its_log_dir(tmp_path, monke
 
 
 # ----------------------------------------------------------------------------------------------
-# several runs compared
+# several runs compared: runs.jsonl and log.txt as the trainer writes them (see SPEC in the docs)
+
+SOURCES = {
+    "train_gpt2.py": "import fineweb\n\n\nclass GPTConfig:\n    n_layer: int = 12\n",
+    "fineweb.py": "def write_atomic(path, write):\n    tmp = path + '.tmp'\n",
+    "plot.py": "import fineweb\n",
+}
+
+
+def keep(log_dir: Path, relpath: str, text: str) -> str:
+    """text kept as the trainer keeps a module: code/{stem}-{sha256[:12]}{suffix}, the path."""
+    data = text.encode()
+    path = Path(relpath)
+    kept = f"code/{path.stem}-{hashlib.sha256(data).hexdigest()[:12]}{path.suffix}"
+    (log_dir / "code").mkdir(parents=True, exist_ok=True)
+    (log_dir / kept).write_bytes(data)
+    return kept
+
+
+def write_start(log_dir: Path, seed=1, step=0, sources=SOURCES, git_diff=None, **config):
+    """A start record appended to runs.jsonl, its modules and git diff kept under code/."""
+    config = {"n_layer": 12, "max_lr": 6e-4, "total_batch_size": 512, "resume": "", **config}
+    record = {
+        "step": step,
+        "resumed_from": None,
+        "config": {**config, "seed": seed, "log_dir": str(log_dir)},
+        "model": {"n_layer": config["n_layer"], "n_head": 12},
+        "data": {"tokenizer": {"tokenizer": "gpt2"}, "fingerprint": "f1", "dataset": "local"},
+        "world_size": 1,
+        "device": "cpu",
+        "code": {relpath: keep(log_dir, relpath, text) for relpath, text in sources.items()},
+        "git": {
+            "commit": "70a0414",
+            "diff": git_diff and keep(log_dir, "git.diff", git_diff),
+            "untracked": [],
+        },
+        "time": "2026-12-02T22:40:00+00:00",
+    }
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with open(log_dir / "runs.jsonl", "a") as f:
+        f.write(json.dumps(record) + "\n")
+    return record
+
+
+def write_run(root: Path, name: str, seed=1, val=None, steps=10, seconds=1.0, **start) -> Path:
+    """A run as the trainer writes it: each step's train, tokens (512 a step) and time (seconds a
+    step, through the step) in log.txt, val {step: value} (default: {steps: 3.0}), one start."""
+    log_dir = root / name
+    val = {steps: 3.0} if val is None else val
+    lines = []
+    for step in range(steps + 1):
+        if step in val:
+            lines.append(f"{step} val {val[step]}")
+        if step < steps:
+            lines.append(f"{step} train {4 - step / 10:.4f}")
+            lines.append(f"{step} tokens {(step + 1) * 512}")
+            lines.append(f"{step} time {(step + 1) * seconds:.6g}")
+    log_dir.mkdir(parents=True, exist_ok=True)
+    (log_dir / "log.txt").write_text("".join(line + "\n" for line in lines))
+    write_start(log_dir, seed, **start)
+    return log_dir
+
+
+def json_of(argv, capsys) -> dict:
+    """plot.py --json argv's stdout, which holds the JSON alone."""
+    plot.main(["--json", *map(str, argv)])
+    return json.loads(capsys.readouterr().out)
+
+
+def report_of(argv, capsys) -> str:
+    """The report plot.py argv prints, without drawing (plot.compare with no picture)."""
+    plot.compare(list(map(str, argv)), None, False)
+    return capsys.readouterr().out
+
+
+def arms_of(result) -> dict:
+    return {arm["name"]: arm["runs"] for arm in result["arms"]}
+
+
+def comparison(result, metric="val", arm=None) -> dict:
+    rows = [row for row in result["comparisons"] if row["metric"] == metric]
+    rows = [row for row in rows if arm is None or row["arm"] == arm]
+    assert len(rows) == 1, rows
+    return rows[0]
+
+
+# Student's sleep data (Cushny and Peebles 1905): extra hours of sleep of 10 patients under
+# two drugs. R's t.test(extra ~ group, data = sleep, paired = TRUE): t = -4.0621, df = 9,
+# p = 0.002833, 95% CI of the mean difference -2.4598858..-0.7001142 (drug 1 minus drug 2);
+# unpaired (Welch): t = -1.8608, df = 17.776, p = 0.07939, CI -3.3654832..0.2054832.
+DRUG_1 = [0.7, -1.6, -0.2, -1.2, -0.1, 3.4, 3.7, 0.8, 0.0, 2.0]
+DRUG_2 = [1.9, 0.8, 1.1, 0.1, -0.1, 4.4, 5.5, 1.6, 4.6, 3.4]
+
+
+def sleep_runs(root, paired):
+    """Drug 1 as the baseline's seeds 1-10, drug 2 as the arm's (another n_layer; seeds 1-10
+    again if paired, else 11-20), the metric val_hours (of no known direction), interleaved."""
+    dirs = []
+    for i, (one, two) in enumerate(zip(DRUG_1, DRUG_2)):
+        first = write_run(root, f"d1-{i}", seed=i + 1, val={}, steps=2)
+        add_metric(first, "val_hours", {2: one})
+        second = write_run(root, f"d2-{i}", i + 1 if paired else i + 11, val={}, steps=2, n_layer=6)
+        add_metric(second, "val_hours", {2: two})
+        dirs += [first, second]
+    return dirs
+
+
+def add_metric(log_dir: Path, kind: str, points: dict):
+    with open(log_dir / "log.txt", "a") as f:
+        f.write("".join(f"{step} {kind} {value}\n" for step, value in points.items()))
+
+
+@pytest.fixture
+def sleep(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+
+    def make(paired):
+        root = tmp_path / ("paired" if paired else "welch")
+        dirs = sleep_runs(root, paired)
+        return [d.relative_to(tmp_path) for d in dirs]
+
+    return make
+
+
+def test_a_paired_comparison_is_students_and_scipys(sleep, capsys):
+    from scipy import stats
+
+    dirs = sleep(paired=True)
+    result = json_of(dirs, capsys)
+    assert arms_of(result) == {
+        "paired/d1-0": [str(d) for d in dirs[::2]],
+        "paired/d2-0": [str(d) for d in dirs[1::2]],
+    }
+    row = comparison(result, "val_hours")
+    assert row["test"] == "paired" and row["arm"] == "paired/d2-0"
+    assert row["baseline"] == "paired/d1-0"
+    # the textbook's numbers (drug 2 minus drug 1)
+    assert row["diff"] == pytest.approx(1.58)
+    assert row["ci95"] == pytest.approx([0.7001142, 2.4598858], abs=1e-6)
+    assert row["p"] == pytest.approx(0.002833, abs=1e-6)
+    # and scipy's on the same numbers
+    expected = stats.ttest_rel(DRUG_2, DRUG_1)
+    assert row["p"] == pytest.approx(expected.pvalue, rel=1e-12)
+    assert row["ci95"] == pytest.approx(list(expected.confidence_interval(0.95)), rel=1e-12)
+    # a metric of no known direction: higher or lower, never better
+    assert "val_hours -0.0 vs" not in row["verdict"]
+    assert row["verdict"].startswith("val_hours 2.3300 vs 0.7500: higher by 1.5800 (95% CI")
+    assert "p = 0.0028; 10 vs 10 seeds, paired)" in row["verdict"]
+
+
+def test_a_welch_comparison_when_the_seeds_differ(sleep, capsys):
+    from scipy import stats
+
+    dirs = sleep(paired=False)
+    row = comparison(json_of(dirs, capsys), "val_hours")
+    assert row["test"] == "welch"
+    assert row["diff"] == pytest.approx(1.58)
+    assert row["ci95"] == pytest.approx([-0.2054832, 3.3654832], abs=1e-6)
+    assert row["p"] == pytest.approx(0.07939, abs=1e-5)
+    expected = stats.ttest_ind(DRUG_2, DRUG_1, equal_var=False)
+    assert row["p"] == pytest.approx(expected.pvalue, rel=1e-12)
+    assert row["ci95"] == pytest.approx(list(expected.confidence_interval(0.95)), rel=1e-12)
+    # not significant at 0.05: no difference claimed, and how many seeds would tell
+    assert row["verdict"].startswith("val_hours 2.3300 vs 0.7500: no difference beyond seed noise")
+    assert "(p = 0.079;" in row["verdict"] and "10 vs 10 seeds, welch" in row["verdict"]
+    assert f"about {row['seeds_needed']} seeds per arm would detect" in row["verdict"]
+    # the normal approximation n = (z_0.975 + z_0.8)^2 (sd1^2 + sd2^2) / diff^2 (22.7 here);
+    # the t distribution's heavier tails ask a seed or two more
+    z = stats.norm.ppf(0.975) + stats.norm.ppf(0.8)
+    spread = statistics.variance(DRUG_1) + statistics.variance(DRUG_2)
+    approximation = z**2 * spread / 1.58**2
+    assert approximation < row["seeds_needed"] <= approximation + 3
+    assert (
+        "the observed difference" in row["verdict"] and "80% power at alpha 0.05" in row["verdict"]
+    )
+
+
+def test_seeds_needed_is_the_textbooks_power():
+    # Cohen's tables: a two-sample t-test at alpha 0.05 (two-sided) finds d = 1 with 80% power
+    # with 17 a group, d = 0.5 with 64; a paired one finds d_z = 0.5 with 34 pairs
+    assert plot.seeds_needed(1.0, 1.0, 1.0, paired=False) == 17
+    assert plot.seeds_needed(0.5, 1.0, 1.0, paired=False) == 64
+    assert plot.seeds_needed(0.5, 1.0, None, paired=True) == 34
+    assert plot.seeds_needed(0.0, 1.0, 1.0, paired=False) is None  # no difference to find
+
+
+# the issue's numbers: one training, two sets of seeds
+BASE = {1: 3.114, 2: 3.082, 3: 3.033}
+
+
+def test_a_null_is_no_difference_and_a_clear_effect_is_found(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    dirs = []
+    for seed, value in BASE.items():
+        dirs.append(write_run(tmp_path, f"base-{seed}", seed, val={10: value}))
+    # the same training (same config and code), other seeds: one arm
+    for seed, value in {4: 3.071, 5: 3.102, 6: 3.049}.items():
+        dirs.append(write_run(tmp_path, f"base-{seed}", seed, val={10: value}))
+    # another learning rate on seeds 1-3: better on every seed by 0.15-0.16
+    for seed, value in {1: 2.950, 2: 2.930, 3: 2.880}.items():
+        dirs.append(write_run(tmp_path, f"lr-{seed}", seed, val={10: value}, max_lr=1e-3))
+    # another on seeds 7-9: the same distribution as the baseline's
+    for seed, value in {7: 3.060, 8: 3.110, 9: 3.085}.items():
+        dirs.append(write_run(tmp_path, f"null-{seed}", seed, val={10: value}, max_lr=3e-4))
+    result = json_of([d.name for d in dirs], capsys)
+    assert [arm["n"] for arm in result["arms"]] == [6, 3, 3]
+    base = result["arms"][0]["metrics"]["val"]
+    values = [3.114, 3.082, 3.033, 3.071, 3.102, 3.049]
+    assert base["values"] == values
+    assert base["mean"] == pytest.approx(statistics.fmean(values))
+    assert base["sd"] == pytest.approx(statistics.stdev(values))
+    # 6 baseline seeds vs 3: not the same set, so Welch
+    better = comparison(result, "val", "lr-1")
+    assert better["test"] == "welch" and better["p"] < 0.05 and better["diff"] < 0
+    assert ": better by " in better["verdict"]
+    null = comparison(result, "val", "null-7")
+    assert null["p"] > 0.05
+    assert ": no difference beyond seed noise (p = " in null["verdict"]
+    # on the same seeds the pairs show it more sharply
+    paired = json_of(["base-1", "base-2", "base-3", "lr-1", "lr-2", "lr-3"], capsys)
+    row = comparison(paired, "val")
+    assert row["test"] == "paired" and row["p"] < better["p"]
+    assert row["verdict"].startswith("val 2.9200 vs 3.0763: better by 0.1563 (95% CI 0.1")
+    assert "3 vs 3 seeds, paired)" in row["verdict"]
+
+
+def test_one_run_in_an_arm_gives_no_p_value(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    for seed, value in BASE.items():
+        write_run(tmp_path, f"base-{seed}", seed, val={10: value})
+    write_run(tmp_path, "rope", 1, val={10: 3.0}, n_layer=6)
+    write_run(tmp_path, "one", 1, val={10: 3.1})
+    result = json_of(["one", "rope"], capsys)
+    assert result["arms"][0]["metrics"]["val"] == {"mean": 3.1, "sd": None, "values": [3.1], "n": 1}
+    row = comparison(result, "val")
+    assert (row["test"], row["p"], row["ci95"]) == (None, None, None)
+    assert row["diff"] == pytest.approx(-0.1)
+    assert row["verdict"] == (
+        "val 3.0000 vs 3.1000: better by 0.1000, between single runs: no p-value (the seed noise"
+        " is unknown): run more seeds (--seed)"
+    )
+    row = comparison(json_of(["base-1", "base-2", "base-3", "rope"], capsys), "val")
+    assert row["p"] is None and "rope is a single run: no p-value" in row["verdict"]
+
+
+def test_the_json_holds_the_arms_and_comparisons_and_nothing_else(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    for seed, value in BASE.items():
+        run = write_run(tmp_path, f"base-{seed}", seed, val={0: 11.0, 10: value})
+        add_metric(run, "hella", {10: 0.25 + seed / 100})
+    write_run(tmp_path, "rope", 4, val={0: 11.0, 10: 3.0}, n_layer=6)
+    plot.main(["--json", "base-1", "base-2", "base-3", "rope"])
+    out, err = capsys.readouterr()
+    result = json.loads(out)
+    assert err == "" and not (tmp_path / "compare.png").exists()  # numbers only
+    assert set(result) == {"arms", "comparisons"}
+    base, rope = result["arms"]
+    assert {"name", "runs", "n", "metrics"} <= set(base)
+    assert base["name"] == "base-1" and base["runs"] == ["base-1", "base-2", "base-3"]
+    assert base["n"] == 3 and base["seeds"] == [1, 2, 3]
+    assert list(base["metrics"]) == ["train", "val", "hella"]  # tokens and time: bookkeeping
+    assert base["metrics"]["hella"]["values"] == [0.26, 0.27, 0.28]
+    assert rope["metrics"]["val"] == {"mean": 3.0, "sd": None, "values": [3.0], "n": 1}
+    assert rope["metrics"]["hella"] == {"mean": None, "sd": None, "values": [None], "n": 0}
+    assert [row["metric"] for row in result["comparisons"]] == ["train", "val"]
+    for row in result["comparisons"]:
+        keys = {"arm", "baseline", "metric", "test", "diff", "ci95", "p", "time_to_baseline_s"}
+        assert keys <= set(row)
+        assert (row["arm"], row["baseline"]) == ("rope", "base-1")
+        assert row["test"] is None and row["ci95"] is None and row["p"] is None
+
+
+def test_arms_are_runs_that_differ_only_in_seed_log_dir_and_resume(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    edited = {**SOURCES, "fineweb.py": SOURCES["fineweb.py"].replace(".tmp", ".part")}
+    write_run(tmp_path, "a1", 1)
+    write_run(tmp_path, "lr1", 1, max_lr=1e-3)
+    write_run(tmp_path, "a2", 2)
+    write_run(tmp_path, "fw", 3, sources=edited)  # another module's source: another arm
+    write_run(tmp_path, "lr2", 2, max_lr=1e-3)
+    # resumed (its second start names the checkpoint): the same run, the same arm
+    a3 = write_run(tmp_path, "a3", 3)
+    write_start(a3, 3, step=5, resume="auto")
+    result = json_of(["a1", "lr1", "a2", "fw", "lr2", "a3"], capsys)
+    # in the order of their first runs, named by it
+    assert arms_of(result) == {"a1": ["a1", "a2", "a3"], "lr1": ["lr1", "lr2"], "fw": ["fw"]}
+    assert result["arms"][0]["code_changes"] == []
+
+
+def test_a_log_dir_given_twice_is_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write_run(tmp_path, "a", 1)
+    message = main_error(plot.main, ["a", "./a/"])
+    assert message == "plot.py: error: ./a/ is given twice: give each run once"
+
+
+def test_what_differs_is_every_module_the_runs_imported(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    edited = {**SOURCES, "fineweb.py": SOURCES["fineweb.py"].replace(".tmp", ".part")}
+    more = {**SOURCES, "mylib/attn.py": "def attention(q, k, v):\n    pass\n"}
+    base = write_run(tmp_path, "base", 1, git_diff="diff --git a/notes.md b/notes.md\n+a\n")
+    write_run(tmp_path, "same", 2, git_diff="diff --git a/notes.md b/notes.md\n+b\n")
+    fw = write_run(tmp_path, "fw", 1, sources=edited)
+    write_run(tmp_path, "more", 1, sources=more)
+    out = report_of(["base", "same", "fw", "more"], capsys)
+    sections = {part.split("\n")[0]: part for part in out.split("\n\n") if part.startswith("## ")}
+    assert list(sections) == ["## fw vs base", "## more vs base"]
+    # base and same: one arm (their sources are the same); their git diffs differ in a file no
+    # run imported, which is not code
+    assert "base: 2 runs (base, same), seeds 1, 2\n" in out
+    kept = {rel: keep(fw, rel, text) for rel, text in edited.items()}
+    base_kept = keep(base, "fineweb.py", SOURCES["fineweb.py"])
+    assert sections["## fw vs base"].split("\n")[-9:] == [
+        "same config",
+        "code differs:",
+        f"--- base/{base_kept}",
+        f"+++ fw/{kept['fineweb.py']}",
+        "@@ -1,2 +1,2 @@",
+        " def write_atomic(path, write):",
+        "-    tmp = path + '.tmp'",
+        "+    tmp = path + '.part'",
+        "git diff differs in files no run imported: notes.md",
+    ]
+    assert sections["## more vs base"].endswith(
+        "same config\ncode differs:\nmylib/attn.py: imported by more only\n"
+        "git diff differs in files no run imported: notes.md"
+    )
+    assert "same code" not in out
+
+
+def test_git_diffs_that_differ_only_in_files_no_run_imported_are_named(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    a = write_run(tmp_path, "a", 1, git_diff="diff --git a/notes.md b/notes.md\n+a\n")
+    b = write_run(tmp_path, "b", 1, max_lr=1e-3)  # clean: no diff
+    runs = [plot.read_run(a.name), plot.read_run(b.name)]
+    assert plot.differences(*runs) == [
+        "## b vs a",
+        "max_lr: 0.0006 -> 0.001",
+        "same code",
+        "git diff differs in files no run imported: notes.md",
+    ]
+
+
+def test_code_changed_at_a_resume_is_shown(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    edited = {**SOURCES, "train_gpt2.py": SOURCES["train_gpt2.py"].replace("12\n", "6\n", 1)}
+    write_run(tmp_path, "base", 1)
+    run = write_run(tmp_path, "resumed", 1)
+    record = write_start(run, 1, step=5, sources=edited, resume="auto")
+    # the trainer's word (code_changed); an older record without it: the kept sources say it
+    lines = (run / "runs.jsonl").read_text().splitlines()
+    record["code_changed"] = ["train_gpt2.py"]
+    (run / "runs.jsonl").write_text(f"{lines[0]}\n{json.dumps(record)}\n")
+    old = write_run(tmp_path, "old", 2)
+    write_start(old, 2, step=4, sources=edited, resume="auto")
+    result = json_of(["base", "resumed", "old"], capsys)
+    assert arms_of(result) == {"base": ["base"], "resumed": ["resumed"], "old": ["old"]}
+    changes = [arm["code_changes"] for arm in result["arms"]]
+    assert changes == [
+        [],
+        [{"step": 5, "modules": ["train_gpt2.py"]}],
+        [{"step": 4, "modules": ["train_gpt2.py"]}],
+    ]
+    assert "\ncode changed at step 5: train_gpt2.py\n" in report_of(["base", "resumed"], capsys)
+
+
+def test_time_to_reach_the_baselines_final_val(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    # the baseline: 1 s a step, val at steps 0, 5, 10 (drawn at 0, 5 and 10 s), final mean 2.1
+    write_run(tmp_path, "base1", 1, val={0: 4.0, 5: 3.0, 10: 2.0})
+    write_run(tmp_path, "base2", 2, val={0: 4.0, 5: 3.2, 10: 2.2})
+    # twice as fast a step: its mean val curve (0, 4.0), (2.5, 2.5), (5.0, 1.5) reaches 2.1
+    # 0.4 of the way between its last two points: at 3.5 s, 0.35 of the baseline's 10 s
+    write_run(tmp_path, "fast1", 1, val={0: 4.0, 5: 2.4, 10: 1.4}, seconds=0.5, max_lr=1e-3)
+    write_run(tmp_path, "fast2", 2, val={0: 4.0, 5: 2.6, 10: 1.6}, seconds=0.5, max_lr=1e-3)
+    # never there
+    write_run(tmp_path, "slow", 1, val={0: 4.0, 5: 3.5, 10: 2.5}, max_lr=1e-4)
+    result = json_of(["base1", "base2", "fast1", "fast2", "slow"], capsys)
+    fast = comparison(result, "val", "fast1")
+    assert fast["time_to_baseline_s"] == pytest.approx(3.5)
+    assert fast["time_ratio"] == pytest.approx(0.35)
+    assert fast["baseline_time_s"] == pytest.approx(10.0)
+    assert comparison(result, "val", "slow")["time_to_baseline_s"] is None
+    out = report_of(["base1", "base2", "fast1", "fast2", "slow"], capsys)
+    assert "time: reaches base1's final val 2.1000 at 3.5 s, 0.35 x base1's 10.0 s\n" in out
+    assert "time: never reaches base1's final val 2.1000\n" in out
+
+
+def figure_of(argv, monkeypatch):
+    """The Figure main(argv) draws into its PNG."""
+    drawn = []
+    write_png = plot.write_png
+    monkeypatch.setattr(
+        plot, "write_png", lambda out, fig: drawn.append(fig) or write_png(out, fig)
+    )
+    plot.main(argv)
+    assert len(drawn) == 1
+    return drawn[0]
+
+
+def test_arms_are_drawn_as_mean_and_band_against_steps_tokens_and_time(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write_run(tmp_path, "a1", 1, val={0: 4.0, 5: 3.0, 10: 2.0})
+    # stopped early (time-bounded): the curve's last point is the mean of the runs' last values
+    write_run(tmp_path, "a2", 2, val={0: 4.0, 5: 3.2, 8: 2.6}, steps=8)
+    old = write_metrics(tmp_path / "old", train=TRAIN, val={0: 11.0, 5: 7.0, 10: 4.6})
+    write_start(old, 1, n_layer=6)  # an older log: no tokens, no time
+    fig = figure_of(["a1", "a2", "old", "--out", "c.png"], monkeypatch)
+    panels = [(ax.get_title(), ax.get_xlabel()) for ax in fig.axes]
+    assert panels == [("loss", x) for x in ("step", "tokens", "training seconds")]
+    by_steps, by_tokens, by_time = fig.axes
+    lines = {line.get_label(): line for line in by_steps.get_lines()}
+    assert list(lines) == ["a1 (n=2) train", "a1 (n=2) val", "old train", "old val"]
+    val = lines["a1 (n=2) val"]
+    assert list(val.get_xdata()) == [0, 5, 9]  # (10 + 8) / 2
+    assert list(val.get_ydata()) == pytest.approx([4.0, 3.1, 2.3])
+    # the band: min..max of the runs' values, one a run-group (the old run alone has none)
+    assert len(by_steps.collections) == 2
+    assert lines["a1 (n=2) val"].get_color() != lines["old val"].get_color()
+    # tokens: what each run had trained on before the step (its log's tokens at step - 1);
+    # the older log: step x total_batch_size
+    tokens = {line.get_label(): list(line.get_xdata()) for line in by_tokens.get_lines()}
+    assert tokens["a1 (n=2) val"] == [0, 2560, 4608]
+    assert tokens["old val"] == [0, 5 * 512, 10 * 512]
+    seconds = {line.get_label(): list(line.get_xdata()) for line in by_time.get_lines()}
+    assert seconds.keys() == {"a1 (n=2) train", "a1 (n=2) val"}  # no time in the older log
+    assert seconds["a1 (n=2) val"] == pytest.approx([0, 5.0, 9.0])
+
+
+def test_many_arms_get_distinct_colours(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    names = [write_run(tmp_path, f"r{i}", 1, max_lr=i / 1000).name for i in range(1, 13)]
+    fig = figure_of([*names, "--out", "c.png"], monkeypatch)
+    colours = {line.get_label(): line.get_color() for line in fig.axes[0].get_lines()}
+    vals = [to_rgba(colour) for label, colour in colours.items() if label.endswith(" val")]
+    assert len(vals) == 12 and len(set(vals)) == 12
+
+
+def to_rgba(colour):
+    import matplotlib.colors
+
+    return matplotlib.colors.to_rgba(colour)
+
+
+# ----------------------------------------------------------------------------------------------
+# older runs: runs.jsonl's "code" a str (train_gpt2.py alone), no tokens or time in log.txt
 
 
 def write_metrics(log_dir: Path, **kinds) -> Path:
@@ -171,8 +620,8 @@ def write_metrics(log_dir: Path, **kinds) -> Path:
 
 
 def write_record(log_dir: Path, source=None, commit="70a0414", dataset="fineweb-edu", **config):
-    """A run start appended to runs.jsonl as the trainer writes it; source: the train_gpt2.py it
-    ran, saved under code/ (None: an older record, without code, git, versions, device, time)."""
+    """An older run start appended to runs.jsonl; source: the train_gpt2.py it ran, saved under
+    code/ and named by the record's "code" str (None: older still, without code or git)."""
     config = {"n_layer": 12, "max_lr": 6e-4, "total_batch_size": 512, **config}
     record = {
         "step": 0,
@@ -182,14 +631,8 @@ def write_record(log_dir: Path, source=None, commit="70a0414", dataset="fineweb-
         "world_size": 1,
     }
     if source is not None:
-        name = f"code/train_gpt2-{hashlib.sha256(source.encode()).hexdigest()[:12]}.py"
-        (log_dir / "code").mkdir(parents=True, exist_ok=True)
-        (log_dir / name).write_text(source)
-        record["device"] = "cpu"
-        record["versions"] = {"python": "3.11.7", "torch": "2.13.0", "cuda": None}
-        record["code"] = name
+        record["code"] = keep(log_dir, "train_gpt2.py", source)
         record["git"] = {"commit": commit, "diff": None}
-        record["time"] = "2026-12-02T22:40:00+00:00"
     with open(log_dir / "runs.jsonl", "a") as f:
         f.write(json.dumps(record) + "\n")
     return record
@@ -221,32 +664,35 @@ def three_runs(root: Path):
     return base, rope, old
 
 
-def table_rows(text: str) -> dict:
-    """{first cell: the others joined by |} of each row of the markdown table text starts with;
-    the rule under its header checked and left out."""
-    lines = text.split("\n\n")[0].splitlines()
-    assert set(lines[1]) == {"|", " ", "-"}
-    rows = {}
-    for line in lines[:1] + lines[2:]:
-        cells = [cell.strip() for cell in line.strip("|").split("|")]
-        rows[cells[0]] = "|".join(cells[1:])
-    return rows
-
-
-def test_comparing_runs_prints_their_last_values_and_differences(tmp_path, monkeypatch, capsys):
+def test_comparing_single_older_runs_prints_their_values_and_differences(
+    tmp_path, monkeypatch, capsys
+):
     monkeypatch.chdir(tmp_path)
     three_runs(tmp_path)
     plot.main(["log/base", "log/rope", "log/old/"])
     out, err = capsys.readouterr()
-    rows = table_rows(out)
-    assert rows.pop("run") == "val|diff|step|bpb|diff|step|hella|diff|step"
-    # each value at the highest step that has one, minus the first run's
-    assert rows == {
-        "log/base": "4.5000||10|1.3500||10|0.2800||10",
-        "log/rope": "4.2787|-0.2213|10|1.2842|-0.0658|10|0.2711|-0.0089|5",
-        "log/old": "4.6000|+0.1000|8|n/a|||n/a||",
-    }
-    assert "\n\n## log/rope vs log/base\n" in out and "\n\n## log/old vs log/base\n" in out
+    blocks = out.split("\n\n")
+    assert blocks[0] == (
+        "log/base: 1 run, seed ?\n"
+        "| metric | mean ± sd | values |\n"
+        "| ------ | --------- | ------ |\n"
+        "| train  | 8.0000    | 8.0000 |\n"
+        "| val    | 4.5000    | 4.5000 |\n"
+        "| bpb    | 1.3500    | 1.3500 |\n"
+        "| hella  | 0.2800    | 0.2800 |"
+    )
+    assert blocks[3].split("\n")[:5] == [
+        "## log/rope vs log/base",
+        "train 8.0000 vs 8.0000: the same, between single runs: no p-value (the seed noise is"
+        " unknown): run more seeds (--seed)",
+        "val 4.2787 vs 4.5000: better by 0.2213, between single runs: no p-value (the seed noise"
+        " is unknown): run more seeds (--seed)",
+        "bpb 1.2842 vs 1.3500: better by 0.0658, between single runs: no p-value (the seed noise"
+        " is unknown): run more seeds (--seed)",
+        "hella 0.2711 vs 0.2800: worse by 0.0089, between single runs: no p-value (the seed"
+        " noise is unknown): run more seeds (--seed)",
+    ]
+    assert "\n\n## log/old vs log/base\n" in out
     assert out.endswith("\nwrote compare.png\n")
     # the picture in the current directory, never in a run's log_dir
     assert (tmp_path / "compare.png").read_bytes()[:8] == PNG
@@ -257,31 +703,31 @@ def test_comparing_runs_prints_their_last_values_and_differences(tmp_path, monke
 
 
 def test_a_metric_the_trainer_adds_is_compared_too(tmp_path, monkeypatch, capsys):
-    # a researcher's new metric (val_acc) gets a column and a panel with no edit of plot.py; the
-    # train line's bookkeeping (lr here) gets neither
+    # a researcher's new metric (val_acc, an accuracy: higher is better) gets a row and a panel
+    # with no edit of plot.py; the train line's bookkeeping (lr here) gets neither
     monkeypatch.chdir(tmp_path)
     for name, acc in (("base", 0.30), ("new", 0.32)):
         run = write_metrics(
             tmp_path / "log" / name, train=TRAIN, val={10: 4.5}, val_acc={10: acc}, lr={0: 6e-4}
         )
-        write_record(run)
+        write_record(run, seed=1 if name == "base" else 2)
     plot.main(["log/base", "log/new"])
-    rows = table_rows(capsys.readouterr().out)
-    assert rows.pop("run") == "val|diff|step|val_acc|diff|step"
-    assert rows["log/new"] == "4.5000|+0.0000|10|0.3200|+0.0200|10"
-    runs = [plot.read_run(Path("log") / name) for name in ("base", "new")]
-    titles = [ax.get_title() for ax in plot.comparison_figure(runs).axes]
-    assert titles == ["loss", "val_acc"] * 2  # against steps, then tokens
+    out = capsys.readouterr().out
+    assert "| val_acc | 0.3000    | 0.3000 |" in out
+    assert "val_acc 0.3200 vs 0.3000: better by 0.0200, between single runs" in out
+    assert "| lr" not in out
+    fig = figure_of(["log/base", "log/new"], monkeypatch)
+    assert [ax.get_title() for ax in fig.axes] == ["loss", "val_acc"] * 2  # steps, tokens
 
 
 SOURCE = "import torch\n\n\nclass GPTConfig:\n    n_layer: int = 12\n    n_head: int = 12\n"
 
 
-def test_what_differs_from_the_first_run_in_config_and_code(tmp_path, monkeypatch):
+def test_what_differs_from_an_older_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     runs = {}
-    for name in ("base", "rope", "same", "old", "resumed", "local", "deleted", "none"):
-        runs[name] = write_metrics(Path("log") / name, val={0: 11.0})
+    for name in ("base", "rope", "same", "old", "resumed", "local", "deleted", "none", "new"):
+        runs[name] = write_metrics(Path(name), val={0: 11.0})
     base_record = write_record(runs["base"], SOURCE)
     rope_source = SOURCE.replace("n_layer: int = 12", "n_layer: int = 6")
     rope_record = write_record(runs["rope"], rope_source, "1b2c3d4", n_layer=6)
@@ -293,16 +739,17 @@ def test_what_differs_from_the_first_run_in_config_and_code(tmp_path, monkeypatc
     write_record(runs["local"], SOURCE, dataset="local")
     deleted = write_record(runs["deleted"], SOURCE)
     (runs["deleted"] / deleted["code"]).unlink()
+    write_start(runs["new"], sources={**SOURCES, "train_gpt2.py": SOURCE}, total_batch_size=512)
     base, *others = [plot.read_run(path) for path in runs.values()]
     found = {run.name: plot.differences(base, run) for run in others}
-
-    assert found.pop("log/rope") == [
-        "## log/rope vs log/base",
+    older = "same train_gpt2.py (an older record keeps no other module)"
+    assert found.pop("rope") == [
+        "## rope vs base",
         "n_layer: 12 -> 6",
         "git commit: 70a0414 -> 1b2c3d4",
         "code differs:",
-        f"--- log/base/{base_record['code']}",
-        f"+++ log/rope/{rope_record['code']}",
+        f"--- base/{base_record['code']}",
+        f"+++ rope/{rope_record['code']}",
         "@@ -2,5 +2,5 @@",
         " ",
         " ",
@@ -311,80 +758,141 @@ def test_what_differs_from_the_first_run_in_config_and_code(tmp_path, monkeypatc
         "+    n_layer: int = 6",
         "     n_head: int = 12",
     ]
+    new = found.pop("new")
+    assert new[-1] == older and "n_head: not recorded -> 12" in new
     assert found == {
-        "log/same": ["## log/same vs log/base", "same config", "same code"],
-        "log/old": [
-            "## log/old vs log/base",
+        "same": ["## same vs base", "same config", older],
+        "old": [
+            "## old vs base",
             "same config",
             "git commit: 70a0414 -> not recorded",
-            "code not recorded (runs.jsonl of log/old)",
+            "code not recorded (runs.jsonl of old)",
         ],
-        "log/resumed": ["## log/resumed vs log/base", "max_lr: 0.0006 -> 0.001", "same code"],
-        "log/local": [
-            "## log/local vs log/base",
-            "data.dataset: fineweb-edu -> local",
-            "same code",
-        ],
-        "log/deleted": [
-            "## log/deleted vs log/base",
+        "resumed": ["## resumed vs base", "max_lr: 0.0006 -> 0.001", older],
+        "local": ["## local vs base", "data.dataset: fineweb-edu -> local", older],
+        "deleted": [
+            "## deleted vs base",
             "same config",
-            f"code not compared: log/deleted/{deleted['code']} missing",
+            f"train_gpt2.py: not compared, deleted/{deleted['code']} missing",
         ],
-        "log/none": [
-            "## log/none vs log/base",
-            "config and code not compared: no run recorded in runs.jsonl of log/none",
+        "none": [
+            "## none vs base",
+            "config and code not compared: no run recorded in runs.jsonl of none",
         ],
     }
-
-
-def drawn_lines(ax) -> dict:
-    """{label: (colour, x, y, line width, alpha)} of the lines of a panel."""
-    found = {}
-    for line in ax.get_lines():
-        xy = (list(line.get_xdata()), list(line.get_ydata()))
-        found[line.get_label()] = (line.get_color(), *xy, line.get_linewidth(), line.get_alpha())
-    return found
-
-
-def test_the_comparison_draws_each_run_in_one_colour_against_steps_and_tokens(tmp_path):
-    runs = [plot.read_run(path) for path in three_runs(tmp_path)]
-    fig = plot.comparison_figure(runs)
-    panels = [(ax.get_title(), ax.get_xlabel()) for ax in fig.axes]
-    titles = ["loss", "bpb", "HellaSwag acc_norm"]
-    assert panels == [(t, "step") for t in titles] + [(t, "tokens") for t in titles]
-    loss, bpb, hella, loss_tokens, bpb_tokens, hella_tokens = map(drawn_lines, fig.axes)
-    base, rope, old = [str(run.log_dir) for run in runs]
-    assert list(loss) == [
-        f"{name} {kind}" for name in (base, rope, old) for kind in ("train", "val")
-    ]
-    # one colour a run in every panel; train thin and translucent, val bold
-    assert {loss[f"{base} val"][0], loss[f"{base} train"][0], hella[base][0]} == {"C0"}
-    assert {loss[f"{rope} val"][0], bpb_tokens[rope][0], hella_tokens[rope][0]} == {"C1"}
-    assert loss[f"{old} val"][0] == "C2"
-    assert loss[f"{base} train"][3:] == (1, 0.35)
-    assert loss[f"{base} val"][3:] == (2, None)
-    assert bpb[rope][1:3] == ([0, 5, 10], [3.3, 2.1, 1.2842])
-    assert hella[rope][1] == [0, 5]
-    # tokens: step x the run's total_batch_size; the run without one against steps only
-    assert list(loss_tokens) == [
-        f"{name} {kind}" for name in (base, rope) for kind in ("train", "val")
-    ]
-    assert loss_tokens[f"{base} val"][1] == [0, 5 * 512, 10 * 512]
-    assert bpb_tokens[rope][1] == [0, 5 * 1024, 10 * 1024]
-    assert loss_tokens[f"{rope} train"][1] == [step * 1024 for step in range(11)]
-    assert reference_lines(fig) == {}
 
 
 def test_gpt2s_lines_only_when_every_run_is_on_fineweb_edu(tmp_path):
     base, rope, old = three_runs(tmp_path)
     runs = [plot.read_run(path) for path in (base, rope)]
     assert plot.references_for(runs) == plot.REFERENCES
-    drawn = reference_lines(plot.comparison_figure(runs, plot.REFERENCES))
+    arms = plot.group_arms(runs)
+    drawn = reference_lines(plot.comparison_figure(arms, plot.REFERENCES))
     assert drawn == {"loss": [3.2924] * 2, "HellaSwag acc_norm": [0.2955, 0.337] * 2}
     # a run without runs.jsonl (data unknown), a run on other data
     assert plot.references_for(runs + [plot.read_run(old)]) is None
     write_record(rope, dataset="local")
     assert plot.references_for([plot.read_run(base), plot.read_run(rope)]) is None
+
+
+# ----------------------------------------------------------------------------------------------
+# what a run's files may hold: read as not recorded, never a traceback
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        {"model": None},
+        {"data": ["fineweb-edu"]},
+        {"config": "n_layer=12"},
+        {"config": {"seed": True, "total_batch_size": "512", "n_layer": [12]}},
+        {"code": 5},
+        {"code": {"train_gpt2.py": 5}},
+        {"code": {"train_gpt2.py": "../../../etc"}},
+        {"git": ["70a0414"]},
+        {"git": {"commit": 7, "diff": 5, "untracked": "x"}},
+        {"step": "9"},
+        {"code_changed": "train_gpt2.py"},
+    ],
+    ids=lambda line: json.dumps(line)[:40],
+)
+def test_a_record_field_of_another_type_is_not_recorded(tmp_path, monkeypatch, capsys, line):
+    monkeypatch.chdir(tmp_path)
+    write_run(tmp_path, "a", 1)
+    b = write_run(tmp_path, "b", 2)
+    record = json.loads((b / "runs.jsonl").read_text())
+    record.update(line)
+    # then a resume under that record, a result, a line torn by a kill, one nested too deep
+    result = {"result": {"status": "finished", "steps": 10, "val": 3.0, "config": {}}}
+    tail = ["[" * 100_000, json.dumps(result), '{"step": 9, "con']
+    (b / "runs.jsonl").write_text("\n".join([json.dumps(record)] * 2 + tail) + "\n")
+    out = report_of(["a", "b"], capsys)
+    assert "## b vs a" in out or "a: 2 runs" in out
+    result = json_of(["a", "b"], capsys)
+    assert len(result["comparisons"]) in (0, 2)
+
+
+def test_a_result_record_is_not_a_start(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    write_run(tmp_path, "a", 1)
+    b = write_run(tmp_path, "b", 2)
+    result = {"result": {"status": "stopped", "steps": 10, "tokens": 5120, "val": 3.0}}
+    with open(b / "runs.jsonl", "a") as f:
+        f.write(json.dumps(result) + "\n")
+    assert arms_of(json_of(["a", "b"], capsys)) == {"a": ["a", "b"]}
+
+
+def test_an_unreadable_log_gets_a_few_warnings_and_a_count(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    run = write_log(tmp_path / "run", "\x00\xff garbage\n" * 6229)
+    plot.main(["run"])
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 4
+    assert all(line.startswith("plot.py: warning: run/log.txt:") for line in err)
+    assert err[-1] == "plot.py: warning: run/log.txt: 6226 more lines skipped"
+    assert (run / "curves.png").exists()
+
+
+def test_drawing_prints_no_matplotlib_warnings(tmp_path, monkeypatch, capsys, recwarn):
+    # names a font has no glyph for, and dollars matplotlib would read as mathtext
+    monkeypatch.chdir(tmp_path)
+    write_run(tmp_path, "运行-🚀", 1)
+    write_run(tmp_path, "$\\notacommand$", 2, max_lr=1e-3)
+    add_metric(tmp_path / "运行-🚀", "acc_$x$_🚀", {10: 0.5})
+    plot.main(["运行-🚀", "$\\notacommand$"])
+    plot.main(["运行-🚀"])
+    assert capsys.readouterr().err == ""
+    assert [str(w.message) for w in recwarn] == []
+
+
+def test_a_killed_writers_temp_file_is_removed_by_the_next_write(tmp_path, monkeypatch):
+    # .curves.png.tmpPID of a writer killed by kill -9: the next write removes it once it is
+    # older than any live write; a live writer's (new) temp file is left to it
+    monkeypatch.chdir(tmp_path)
+    run = write_log(tmp_path / "run")
+    for directory, name in ((run, "curves.png"), (tmp_path, "compare.png")):
+        (directory / f".{name}.tmp4242").write_bytes(PNG + b"half")
+        os.utime(directory / f".{name}.tmp4242", (1, 1))
+        (directory / f".{name}.tmp4343").write_bytes(PNG)
+    plot.main(["run"])
+    write_log(tmp_path / "run2")
+    plot.main(["run", "run2"])
+    assert sorted(os.listdir(run)) == [".curves.png.tmp4343", "curves.png", "log.txt"]
+    assert not (tmp_path / ".compare.png.tmp4242").exists()
+    assert (tmp_path / ".compare.png.tmp4343").exists()
+
+
+def test_a_failed_write_names_its_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write_log(tmp_path / "run")
+    write_log(tmp_path / "run2")
+    (tmp_path / "c.png").mkdir()  # where the picture would go: a directory
+    message = main_error(plot.main, ["run", "run2", "--out", "c.png"])
+    assert message.startswith("plot.py: error: cannot write c.png: ")
+    (tmp_path / "run" / "curves.png").mkdir()
+    message = main_error(plot.main, ["run"])
+    assert message.startswith("plot.py: error: cannot write run/curves.png: ")
+    assert sorted(p.name for p in tmp_path.rglob("*.tmp*")) == []
 
 
 @pytest.mark.parametrize(
@@ -401,7 +909,9 @@ def test_gpt2s_lines_only_when_every_run_is_on_fineweb_edu(tmp_path):
             ["run", "run2", "--out", "run2/c.png"],
             "--out run2/c.png is in run2, a run's log_dir: give --out",
         ),
-        (["lr", "lr"], "lr, lr: no metric logged yet, nothing to compare"),
+        (["lr", "lr2"], "lr, lr2: no metric logged yet, nothing to compare"),
+        (["--json", "lr", "lr2"], "lr, lr2: no metric logged yet, nothing to compare"),
+        (["run", "run/"], "run/ is given twice: give each run once"),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, monkeypatch, args, message):
@@ -409,6 +919,7 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, monkeypatch, args, m
     write_log(tmp_path / "run")
     write_log(tmp_path / "run2")
     write_metrics(tmp_path / "lr", lr={0: 6e-4})
+    write_metrics(tmp_path / "lr2", lr={0: 6e-4})
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "log.txt").write_text("")
     (tmp_path / "fifo").mkdir()
@@ -438,15 +949,18 @@ def test_cli_compares_runs_and_never_loads_pyplot(tmp_path):
     write_log(base, "12 tr")  # a torn line: one warning
     result = run_program("plot.py", ["log/base", "log/rope", "--out", "runs.png"], cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("| run ") and result.stdout.endswith("\nwrote runs.png\n")
-    assert "## log/rope vs log/base\ntotal_batch_size: 512 -> 1024\n" in result.stdout
+    assert result.stdout.startswith("log/base: 1 run") and result.stdout.endswith(
+        "\nwrote runs.png\n"
+    )
+    assert "## log/rope vs log/base\n" in result.stdout
+    assert "\ntotal_batch_size: 512 -> 1024\n" in result.stdout
     assert result.stderr.startswith("plot.py: warning: log/base/log.txt:")
     assert result.stderr.count("\n") == 1
     assert (tmp_path / "runs.png").read_bytes()[:8] == PNG
-    # importing plot loads no matplotlib, drawing loads no pyplot
+    # importing plot loads no matplotlib and no scipy, drawing loads no pyplot
     code = (
         "import sys, plot\n"
-        "before = 'matplotlib' in sys.modules\n"
+        "before = 'matplotlib' in sys.modules or 'scipy' in sys.modules\n"
         "plot.write_curves(sys.argv[1])\n"
         "print(before, 'matplotlib.pyplot' in sys.modules)\n"
     )
