@@ -1066,6 +1066,10 @@ def check_log_dir(log_dir, start_step, continues, resume):
             f" --log_dir ({free} is free)"
         )
     made = [name for name in ("log.txt", "runs.jsonl") if (log_dir / name).exists()]
+    for name in made:
+        # the run appends to them: a FIFO or a device there would block it or take its records
+        if not (log_dir / name).is_file():
+            raise ValueError(f"{log_dir / name} is not a regular file: move it out of the log_dir")
     if not continues and resume != "auto" and (checkpoints or made):
         held = f"checkpoints up to {checkpoints[-1][1].name}" if checkpoints else made[0]
         raise ValueError(
@@ -1076,10 +1080,7 @@ def check_log_dir(log_dir, start_step, continues, resume):
 
 def open_lines(path):
     # path opened to append whole lines (write_lines): a last line torn by a kill is ended first,
-    # so that the next record is not joined to it. A special file there is refused (a FIFO would
-    # block the run).
-    if path.exists() and not path.is_file():
-        raise ValueError(f"{path} is not a regular file: move it out of the log_dir")
+    # so that the next record is not joined to it (check_log_dir has refused a special file)
     f = open(path, "ab", buffering=0)
     if f.tell() > 0:
         with open(path, "rb") as old:
@@ -1828,8 +1829,8 @@ def console(line):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    cfg = parse_args(argv)
     try:
+        cfg = parse_args(argv)
         result = train(cfg, log=console)
     except RuntimeError as e:
         # a GPU's out of memory, or the CPU allocator's, at any step

@@ -302,7 +302,7 @@ def test_a_new_run_is_refused_where_another_logged_and_a_failed_start_leaves_not
     # a start that fails makes no directory
     with pytest.raises(ValueError, match="no shards"):
         train(tmp_path / "no-data", tmp_path / "new" / "log", max_steps=2)
-    assert not (tmp_path / "new" / "log").exists()
+    assert not (tmp_path / "new").exists()
 
 
 def test_each_start_records_its_config_code_versions_and_device(small_corpus, tmp_path):
@@ -787,6 +787,18 @@ BAD_INPUTS = [
     (["--optimizer", "muon", "--muon_lr", "0"], "--optimizer muon needs --muon_lr > 0"),
     (["--n_embd", "1000000", "--n_head", "10"], "does not fit in memory"),
     (["--log_dir", "{tmp}/busy"], "in use by another run (pid "),
+    # counts past what any run needs: a typo, refused before anything runs
+    (["--total_batch_size", str(2**100)], "--total_batch_size must be below 2**63"),
+    (["--total_batch_size", str(2**30)], "micro-batches of --batch_size x --seq_len a step: at"),
+    (["--sample_length", "1000000000"], "--sample_length must be at most 2,048 tokens"),
+    (["--weight_decay", "1e300"], "AdamW scales the weights by 1 - lr x weight_decay"),
+    # a log_dir that cannot be one, and special files where the run writes its records
+    (["--log_dir", "{tmp}/text.pt"], "cannot use --log_dir {tmp}/text.pt (File exists"),
+    (
+        ["--log_dir", "{tmp}/loop/sub"],
+        "cannot use --log_dir {tmp}/loop/sub (File exists: {tmp}/loop)",
+    ),
+    (["--log_dir", "{tmp}/fifo", "--resume", "auto"], "{tmp}/fifo/log.txt is not a regular file"),
 ]
 
 
@@ -795,6 +807,9 @@ def bad_files(tmp_path_factory, small_corpus):
     tmp_path = tmp_path_factory.mktemp("bad")
     torch.save({"weights": torch.zeros(3)}, tmp_path / "foreign.pt")
     (tmp_path / "text.pt").write_text("not a checkpoint")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    (tmp_path / "fifo").mkdir()
+    os.mkfifo(tmp_path / "fifo" / "log.txt")
     # a checkpoint of the version before the rewrite: its weights, no optimizers or loader
     train(small_corpus, tmp_path / "a", max_steps=1)
     ckpt = checkpoint(tmp_path / "a", 1)
@@ -802,7 +817,7 @@ def bad_files(tmp_path_factory, small_corpus):
     train_gpt2.save_checkpoint(tmp_path / "old.pt", old)
     # a log_dir another run holds: its lock file names it
     busy = tmp_path / "busy"
-    lock = train_gpt2.lock_log_dir(busy, print)
+    lock, _ = train_gpt2.lock_log_dir(busy, print)
     yield tmp_path
     lock.close()
 

@@ -1,0 +1,333 @@
+"""What a run records and how it ends, as the edit-and-rerun loop needs it: the code read at the
+start (every module of the checkout it imported; an edit made after the launch is not taken for
+the run's), a resume under other code, the result record, tokens and training time, a
+time-bounded run, a preset that makes its own data. And the harness around the loop: a branch's
+start checkpoint, stop signals once the work is done, Ctrl-C while torch loads, thousands of
+shards under a small open-file limit."""
+
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import (
+    ROOT,
+    child_env,
+    default_signals,
+    documents,
+    finish,
+    make_corpus,
+    read_log,
+    run_program,
+    start,
+    tiny_config,
+    tiny_flags,
+    torchrun,
+    wait_for,
+)
+
+import fineweb
+import plot
+import train_gpt2
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def train(data_root, log_dir, **overrides):
+    lines = []
+    result = train_gpt2.train(tiny_config(data_root, log_dir, **overrides), log=lines.append)
+    return result, lines
+
+
+def records(log_dir):
+    """runs.jsonl's lines: (start records, result records)."""
+    lines = [json.loads(line) for line in (Path(log_dir) / "runs.jsonl").read_text().splitlines()]
+    return [r for r in lines if "result" not in r], [r["result"] for r in lines if "result" in r]
+
+
+# -----------------------------------------------------------------------------
+# the record of the code
+
+
+# A researcher's launcher in a checkout: it imports a module of their own (which git does not
+# track), then runs the trainer, which reads the code first and then makes the preset data: at
+# that moment it waits until the test has edited both files, as the next experiment would.
+DRIVER = """
+import sys
+import time
+from pathlib import Path
+
+import mymodule
+import train_gpt2
+
+make_data = train_gpt2.make_preset_data
+
+
+def wait_for_the_edit(data_root):
+    Path("started").touch()
+    while not Path("edited").exists():
+        time.sleep(0.01)
+    make_data(data_root)
+
+
+train_gpt2.make_preset_data = wait_for_the_edit
+train_gpt2.main(sys.argv[1:])
+"""
+
+
+def git(checkout, *args):
+    command = ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args]
+    subprocess.run(command, cwd=checkout, check=True, capture_output=True)
+
+
+def test_a_run_keeps_the_code_it_read_at_its_start_of_every_module_it_imported(
+    small_corpus, tmp_path
+):
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    for name in ("train_gpt2.py", "fineweb.py", "hellaswag.py", "plot.py"):
+        shutil.copy(ROOT / name, checkout)
+    (checkout / "mymodule.py").write_text("SCALE = 1.0\n")
+    (checkout / "driver.py").write_text(DRIVER)
+    git(checkout, "init", "-q")
+    git(checkout, "add", "train_gpt2.py", "fineweb.py", "hellaswag.py", "plot.py")
+    git(checkout, "commit", "-q", "-m", "baseline")
+    # a user's git config that colours diffs, and an uncommitted edit before the launch
+    git(checkout, "config", "color.ui", "always")
+    with open(checkout / "hellaswag.py", "a") as f:
+        f.write("# an edit before the launch\n")
+    original = {p.name: p.read_bytes() for p in checkout.glob("*.py")}
+
+    args = tiny_flags(small_corpus, tmp_path / "a", max_steps=2)
+    driver = [sys.executable, checkout / "driver.py"]
+    proc = start(driver, args, cwd=checkout)
+    wait_for(lambda: (checkout / "started").exists(), proc)
+    for name in ("train_gpt2.py", "mymodule.py"):
+        with open(checkout / name, "a") as f:
+            f.write("# the next experiment's edit, made while this run starts\n")
+    (checkout / "edited").touch()
+    returncode, _, err = finish(proc)
+    assert returncode == 0, err
+
+    [start_record], _ = records(tmp_path / "a")
+    code = start_record["code"]
+    assert set(code) == set(original), code
+    for name, data in original.items():
+        assert (tmp_path / "a" / code[name]).read_bytes() == data, name
+    git_record = start_record["git"]
+    assert git_record["untracked"] == ["driver.py", "mymodule.py"]
+    diff = (tmp_path / "a" / git_record["diff"]).read_bytes()
+    assert b"+# an edit before the launch" in diff and b"\x1b[" not in diff
+
+    # the next run, launched after the edits: plot.py tells the two apart, module by module
+    (checkout / "edited").unlink()
+    proc = start(driver, tiny_flags(small_corpus, tmp_path / "b", max_steps=2), cwd=checkout)
+    wait_for(lambda: (checkout / "started").exists(), proc)
+    (checkout / "edited").touch()
+    assert finish(proc)[0] == 0
+    runs = [plot.read_run(tmp_path / name) for name in "ab"]
+    text = "\n".join(plot.code_differences(*runs))
+    assert "same code" not in text
+    assert "+# the next experiment's edit" in text
+    assert "mymodule" in text and "train_gpt2" in text
+
+
+def test_a_resume_under_other_code_goes_on_and_records_the_step(small_corpus, tmp_path):
+    train(small_corpus, tmp_path, max_steps=4, ckpt_interval=2)
+    (tmp_path / "model_00004.pt").unlink()
+    # the checkpoint as another train_gpt2.py wrote it (a logging fix made mid-run, say)
+    path = tmp_path / "model_00002.pt"
+    ckpt = torch.load(path, weights_only=True)
+    ckpt["code"]["train_gpt2.py"] = "code/train_gpt2-000000000000.py"
+    train_gpt2.save_checkpoint(path, ckpt)
+    result, lines = train(small_corpus, tmp_path, max_steps=4, ckpt_interval=2, resume="auto")
+    assert not result["stopped"] and result["step"] == 4
+    note = f"note: the code differs from {path}'s (train_gpt2.py): the run goes on"
+    assert any(line.startswith(note) for line in lines), lines
+    starts, _ = records(tmp_path)
+    assert [r["step"] for r in starts] == [0, 2]
+    assert "code_changed" not in starts[0] and starts[1]["code_changed"] == ["train_gpt2.py"]
+
+
+# -----------------------------------------------------------------------------
+# tokens, training time and the result
+
+
+def test_the_result_record_holds_log_txts_last_values(small_corpus, tmp_path, monkeypatch):
+    result, lines = train(small_corpus, tmp_path / "done", max_steps=12)
+    log = read_log(tmp_path / "done")
+    # every step logs the tokens and training seconds so far
+    assert log["tokens"] == {s: (s + 1) * 128 for s in range(12)}
+    times = [log["time"][s] for s in range(12)]
+    assert 0 < times[0] and times == sorted(times)
+    _, [record] = records(tmp_path / "done")
+    assert record["status"] == "finished" and record["steps"] == 12
+    assert record["peak_memory_gb"] > 0
+    for kind in ("tokens", "time", "val", "bpb", "train"):
+        assert record[kind] == log[kind][max(log[kind])], kind
+    assert record["hella"] is None
+    # one summary line, the last
+    assert lines[-1].startswith("finished at step 12: tokens 1536 | time ")
+
+    # stopped (a signal during step 6's val pass): its result too, and the resume's after it
+    evaluate = train_gpt2.evaluate_val_loss
+    calls = []
+
+    def val_with_a_signal(model, loader, steps, amp, stop):
+        calls.append(1)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return evaluate(model, loader, steps, amp, stop)
+
+    monkeypatch.setattr(train_gpt2, "evaluate_val_loss", val_with_a_signal)
+    train(small_corpus, tmp_path / "stopped", max_steps=12, ckpt_interval=0)
+    _, [record] = records(tmp_path / "stopped")
+    log = read_log(tmp_path / "stopped")
+    assert record["status"] == "stopped" and record["steps"] == 6
+    assert record["tokens"] == 6 * 128 and record["val"] == log["val"][0]
+    monkeypatch.undo()
+    train(small_corpus, tmp_path / "stopped", max_steps=12, ckpt_interval=0, resume="auto")
+    _, results = records(tmp_path / "stopped")
+    assert [r["status"] for r in results] == ["stopped", "finished"]
+    assert results[1]["tokens"] == 12 * 128 and results[1]["time"] > results[0]["time"]
+
+
+def test_a_time_bounded_run_ends_with_its_cosine_finished(small_corpus, tmp_path):
+    # 0.5 s of training, far fewer than max_steps: the last step's LR is min_lr, then the final
+    # val and checkpoint; a resume with the same budget trains no further
+    budget = dict(max_steps=10**6, max_minutes=0.5 / 60, warmup_steps=2, ckpt_interval=0)
+    result, _ = train(small_corpus, tmp_path, **budget)
+    last = result["step"]
+    log = read_log(tmp_path)
+    assert 2 < last < 10**6 and not result["stopped"]
+    assert max(log["train"]) == last - 1
+    assert log["lr"][last - 1] == pytest.approx(3e-4, rel=1e-6)
+    assert all(lr > 3.001e-4 for step, lr in log["lr"].items() if step < last - 1)
+    assert log["time"][last - 1] >= 0.5
+    assert last in log["val"]
+    assert [s for s, _ in train_gpt2.find_checkpoints(tmp_path)] == [last]
+    again, _ = train(small_corpus, tmp_path, **budget, resume="auto")
+    assert again["step"] == last and max(read_log(tmp_path)["train"]) == last - 1
+    _, results = records(tmp_path)
+    assert [r["status"] for r in results] == ["finished", "finished"]
+
+
+@pytest.mark.slow
+def test_ranks_end_a_time_bounded_run_at_the_same_step(small_corpus, tmp_path):
+    # rank 0's clock rides the step's all-reduce: were the ranks to decide apart, one would wait
+    # in an all-reduce for the other for good
+    args = ["train_gpt2.py"] + tiny_flags(
+        small_corpus, tmp_path, max_steps=10**6, max_minutes=0.02, ckpt_interval=0
+    )
+    returncode, out, err = torchrun(args, timeout=180)
+    assert returncode == 0, err[-3000:]
+    log = read_log(tmp_path)
+    last = max(log["train"])
+    assert log["lr"][last] == pytest.approx(3e-4, rel=1e-6)
+    assert [s for s, _ in train_gpt2.find_checkpoints(tmp_path)] == [last + 1]
+
+
+# -----------------------------------------------------------------------------
+# a preset makes its own data
+
+
+def test_a_presets_first_run_makes_its_data_as_the_readme_command_does(tmp_path):
+    # two runs of the quick start at once, from a fresh clone's directory: both go on, one
+    # corpus is made, the same bytes as the documented fineweb.py command's
+    make = "import train_gpt2; train_gpt2.make_preset_data('data/shakespeare_char')"
+    env = child_env(PYTHONPATH=str(ROOT))
+    procs = [start([sys.executable, "-c", make], cwd=tmp_path, env=env) for _ in range(2)]
+    for proc in procs:
+        returncode, _, err = finish(proc)
+        assert returncode == 0, err
+    args = ["--local", "input.txt", "--tokenizer", "char", "--out_dir", tmp_path / "readme"]
+    assert run_program("fineweb.py", args).returncode == 0
+    made = fineweb.load_corpus(tmp_path / "data" / "shakespeare_char")
+    readme = fineweb.load_corpus(tmp_path / "readme")
+    assert made["fingerprint"] == readme["fingerprint"]
+    for shard in readme["shards"]:
+        made_shard = tmp_path / "data" / "shakespeare_char" / shard["file"]
+        assert made_shard.read_bytes() == (tmp_path / "readme" / shard["file"]).read_bytes()
+
+
+# -----------------------------------------------------------------------------
+# the harness: a branch, the end of a job, Ctrl-C while torch loads, many shards
+
+
+def test_a_branch_stopped_or_killed_before_its_first_checkpoint_continues_as_a_branch(
+    small_corpus, tmp_path, monkeypatch
+):
+    train(small_corpus, tmp_path / "a", max_steps=4, ckpt_interval=2)
+    source = tmp_path / "a" / "model_00002.pt"
+    # killed as soon as its record exists
+    args = tiny_flags(small_corpus, tmp_path / "b", max_steps=8, resume=source)
+    proc = start("train_gpt2.py", args)
+    wait_for(lambda: (tmp_path / "b" / "runs.jsonl").exists(), proc)
+    proc.kill()
+    finish(proc)
+    # stopped during its first val pass, before any step
+    evaluate = train_gpt2.evaluate_val_loss
+
+    def val_with_a_signal(model, loader, steps, amp, stop):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return evaluate(model, loader, steps, amp, stop)
+
+    monkeypatch.setattr(train_gpt2, "evaluate_val_loss", val_with_a_signal)
+    result, _ = train(small_corpus, tmp_path / "c", max_steps=8, eval_interval=2, resume=source)
+    assert result["stopped"] and result["step"] == 2
+    monkeypatch.undo()
+    # either way the log_dir holds the branch's start: --resume auto goes on from step 2
+    train(small_corpus, tmp_path / "straight", max_steps=8, resume=source)
+    for name in "bc":
+        _, lines = train(small_corpus, tmp_path / name, max_steps=8, resume="auto")
+        assert f"resumed from {tmp_path / name / 'model_00002.pt'} at step 2" in lines
+        assert read_log(tmp_path / name)["val"][8] == read_log(tmp_path / "straight")["val"][8]
+
+
+def test_stop_signals_once_the_run_is_done_leave_exit_status_0(small_corpus, tmp_path):
+    # a scheduler's SIGTERM every 20 ms from the moment the final checkpoint exists
+    args = tiny_flags(small_corpus, tmp_path, max_steps=6)
+    proc = start("train_gpt2.py", args)
+    wait_for(lambda: (tmp_path / "model_00006.pt").exists(), proc)
+    while proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.02)
+    returncode, out, err = finish(proc)
+    assert returncode == 0, err
+    assert "to continue" not in out
+    _, [result] = records(tmp_path)
+    assert result["status"] == "finished"
+
+
+def test_ctrl_c_while_torch_loads_is_one_line(small_corpus, tmp_path):
+    proc = start("train_gpt2.py", tiny_flags(small_corpus, tmp_path, max_steps=2))
+    maps = Path(f"/proc/{proc.pid}/maps")
+    wait_for(lambda: "libtorch" in maps.read_text(), proc)
+    proc.send_signal(signal.SIGINT)
+    returncode, _, err = finish(proc)
+    assert returncode == 1
+    assert err == "train_gpt2.py: interrupted while loading torch; nothing was written\n"
+    assert not tmp_path.exists() or not any(tmp_path.iterdir())
+
+
+def test_thousands_of_shards_train_under_a_small_open_file_limit(tmp_path):
+    # 2,000 shards of 50 tokens, read shuffled by a process that may open 256 files at once
+    corpus = make_corpus(tmp_path / "many", documents(460, seed=3), shard_size=50)
+    assert len(fineweb.load_corpus(corpus)["shards"]) > 2000
+
+    def small_limit():
+        default_signals()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
+    batch = dict(batch_size=1, seq_len=16, total_batch_size=32, val_tokens=16)
+    args = tiny_flags(corpus, tmp_path / "log", max_steps=4, shuffle=True, **batch)
+    proc = start("train_gpt2.py", args, preexec_fn=small_limit)
+    returncode, _, err = finish(proc)
+    assert returncode == 0, err
