@@ -1296,6 +1296,7 @@ def check_fits(config, device):
     # (float32 weights and gradients, and AdamW's two moments).
     with torch.device("meta"):
         n = sum(p.numel() for p in GPT(config).parameters())
+    where = "GPU" if device.startswith("cuda") else "machine"
     if device.startswith("cuda"):
         memory = torch.cuda.get_device_properties(device).total_memory
     else:
@@ -1303,7 +1304,7 @@ def check_fits(config, device):
     if 16 * n > memory:
         raise ValueError(
             f"a model of {n:,} parameters does not fit in memory: it takes"
-            f" {16 * n / 2**30:,.0f} GB to train (16 bytes a parameter), {device} has"
+            f" {16 * n / 2**30:,.0f} GB to train (16 bytes a parameter), this {where} has"
             f" {memory / 2**30:,.0f} GB: lower --n_layer or --n_embd"
         )
 
@@ -1572,6 +1573,11 @@ def run(cfg, rank, local_rank, world_size, device, log, code):
         f" {cfg.total_batch_size:,} tokens a step; {cfg.max_steps - start_step} steps to go,"
         f" {epochs:.2f} epochs of the train split"
     )
+    if time_budget:
+        log(
+            f"time-bounded: training ends after {cfg.max_minutes:g} minutes of training steps"
+            f" ({train_seconds / 60:.2f} done), if before step {cfg.max_steps}"
+        )
 
     # model trains (wrapped in DDP, then compiled); raw_model evaluates and saves
     model = raw_model
