@@ -57,6 +57,7 @@ from train_gpt2 import (
     DataLoaderLite,
     GPTConfig,
     TrainConfig,
+    console,
     evaluate_val_loss,
     peak_flops,
     pick_device,
@@ -458,24 +459,45 @@ def parse_args(argv):
     if not 0 <= args.threads <= cores:
         p.error(f"--threads must be 0 (torch's choice) to {cores}, this machine's CPUs")
     if args.batch_sizes and max(args.batch_sizes) > 4096:
-        p.error("--batch_sizes must be 1 to 4,096 rows each")
+        p.error("--batch_sizes must be 1 to 4,096 rows each: GPT-2's logits there take 400 GB")
     if args.seq_len is not None and not 1 <= args.seq_len <= 65536:
-        p.error("--seq_len must be 1 to 65,536")
+        p.error("--seq_len must be 1 to 65,536: a row's logits at GPT-2's vocabulary take 13 GB")
     if args.steps is not None and not 1 <= args.steps <= 10000:
-        p.error("--steps must be 1 to 10,000")
+        p.error("--steps must be 1 to 10,000: a median of dozens is steady, more runs for hours")
     if not 0 <= args.warmup <= 10000:
-        p.error("--warmup must be 0 to 10,000")
+        p.error("--warmup must be 0 to 10,000: a few steps warm up, more run for hours")
     if args.new_tokens is not None and not 1 <= args.new_tokens <= 65536:
-        p.error("--new_tokens must be 1 to 65,536")
+        p.error(
+            "--new_tokens must be 1 to 65,536: without the cache each token re-runs the window,"
+            " so more would run for hours"
+        )
     if not 0 <= args.seed < 2**63:
         p.error("--seed must be 0 to 2**63 - 1")
     try:
         args.device = pick_device(args.device)
     except ValueError as e:
         p.error(str(e))
-    if args.json and Path(args.json).is_dir():
-        p.error(f"--json {args.json} is a directory: name a file in it")
+    if args.json:
+        check_json(p, args.json)
     return args
+
+
+def check_json(parser, path):
+    # --json names a file to write, or to replace: never a directory, a FIFO or a device (the
+    # rename would put a file in its place), nor a path through a file
+    path = Path(path)
+    if path.is_dir():
+        parser.error(f"--json {path} is a directory: name a file in it")
+    if path.exists() and not path.is_file():
+        parser.error(f"--json {path} is not a regular file (a FIFO or a device?): name a file")
+    # the nearest directory on its path that is there: made down to the file if missing
+    parent = path.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        parser.error(
+            f"--json {path}: {parent} is a file, not a directory: name a file in a directory"
+        )
 
 
 def run(args):
@@ -486,7 +508,10 @@ def run(args):
         torch.set_num_threads(args.threads)
     if args.json:
         # made now: a bad path fails before minutes of benchmarks
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise OSError(f"--json {args.json}: cannot make its directory: {e}") from None
     default = "gpt2-124M" if device.startswith("cuda") else "tiny"
     preset = PRESETS[args.preset or default]
     for key in ("batch_sizes", "seq_len", "steps", "new_tokens"):
@@ -535,10 +560,32 @@ def run(args):
     }
 
 
+def report(results):
+    # the results as lines for a terminal: the run, its environment, the table
+    c = results["config"]
+    shape = f"{c['n_layer']} layers x {c['n_embd']}, vocab {c['vocab_size']}"
+    where = f"{results['device']}, torch threads {results['threads']}"
+    how = f"train {results['dtype']}, compile {results['compile']}"
+    found = results["environment"]
+    peak = found["peak_flops"] and f"{found['peak_flops']:.3g}"
+    versions = ", ".join(f"{k} {found.get(k)}" for k in ("python", "torch", "cuda", "triton"))
+    agree = "yes" if results["same_tokens"] else "no"
+    return [
+        f"bench.py --preset {results['preset']}: {shape}; {where}; {how}",
+        f"{found['device']}; {versions}; SDPA {', '.join(found['sdpa'])}; peak FLOP/s {peak}",
+        markdown(results["rows"]),
+        f"greedy tokens with and without the KV cache the same: {agree}",
+    ]
+
+
 def main(argv=None):
     args = parse_args(argv)
     try:
         results = run(args)
+        # printed first: a --json that cannot be written loses none of the minutes; a closed
+        # stdout (`| head`) ends the printing quietly, as in train_gpt2.py, and the file is written
+        for line in report(results):
+            console(line)
         if args.json:
             text = json.dumps(results, indent=1)
             fineweb.write_atomic(Path(args.json), lambda f: f.write(text.encode()))
@@ -546,18 +593,6 @@ def main(argv=None):
         # one line, even for a library's multi-line message
         message = " ".join(str(e).split())
         sys.exit(f"bench.py: error: {message}")
-    c = results["config"]
-    shape = f"{c['n_layer']} layers x {c['n_embd']}, vocab {c['vocab_size']}"
-    where = f"{results['device']}, torch threads {results['threads']}"
-    how = f"train {results['dtype']}, compile {results['compile']}"
-    print(f"bench.py --preset {results['preset']}: {shape}; {where}; {how}")
-    found = results["environment"]
-    peak = found["peak_flops"] and f"{found['peak_flops']:.3g}"
-    versions = ", ".join(f"{k} {found.get(k)}" for k in ("python", "torch", "cuda", "triton"))
-    print(f"{found['device']}; {versions}; SDPA {', '.join(found['sdpa'])}; peak FLOP/s {peak}")
-    print(markdown(results["rows"]))
-    agree = "yes" if results["same_tokens"] else "no"
-    print(f"greedy tokens with and without the KV cache the same: {agree}")
 
 
 if __name__ == "__main__":

@@ -155,11 +155,12 @@ def check_export(model, enc, out):
 
 
 def remove(tmp):
-    # the temporary directory (gone once renamed); a file or a link by its name: only the name
+    # the temporary directory (gone once renamed); a file or a link by its name: only the name.
+    # Nothing there (exists() is False too where a parent is a file) is nothing to do.
     if tmp.is_dir() and not tmp.is_symlink():
         shutil.rmtree(tmp)
-    else:
-        tmp.unlink(missing_ok=True)
+    elif tmp.exists() or tmp.is_symlink():
+        tmp.unlink()
 
 
 # Write checkpoint_path (a model_*.pt of train_gpt2.py) as a Hugging Face
@@ -176,8 +177,8 @@ def export_hf(checkpoint_path, out_dir):
     tokenizer = (char_tokenizer if chars else gpt2_tokenizer)(enc, model.config.block_size)
     # one name for every export to out: what a killed run left there is removed first
     tmp = out.with_name(f".{out.name}.tmp")
-    remove(tmp)
     try:
+        remove(tmp)
         hf_model(model, enc.n_vocab, enc.eot_token).save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         check_export(model, enc, tmp)
@@ -186,8 +187,9 @@ def export_hf(checkpoint_path, out_dir):
             with open(path, "rb") as f:
                 os.fsync(f.fileno())
         os.replace(tmp, out)
-    except SafetensorError as e:
-        # a full disk (or a file-size limit) while safetensors writes the weights
+    except (OSError, SafetensorError) as e:
+        # a full disk (safetensors says so in its own error), a parent that is a file, a
+        # directory that cannot be written: the line names OUT_DIR
         raise OSError(f"cannot write {out}: {e}") from None
     finally:
         remove(tmp)
@@ -209,7 +211,10 @@ def main(argv=None):
         out = export_hf(args.checkpoint, args.out_dir)
     except (ValueError, OSError) as e:
         sys.exit(f"export_hf.py: error: {' '.join(str(e).split())}")
-    print(f"wrote {out}: load it with AutoModelForCausalLM.from_pretrained({str(out)!r})")
+    # a closed stdout (`| head`) ends the printing quietly, as in train_gpt2.py: the export is done
+    train_gpt2.console(
+        f"wrote {out}: load it with AutoModelForCausalLM.from_pretrained({str(out)!r})"
+    )
 
 
 if __name__ == "__main__":

@@ -45,6 +45,10 @@ BATCH_ROWS = 64
 # a batch's width is rounded up to a multiple of this: on a GPU each distinct width builds its
 # own attention kernels (cuDNN a graph per shape), so a run builds a handful, not one a length
 WIDTH_STEP = 32
+# Bounds that a typo cannot pass: HellaSwag's splits hold about 60,000 examples in all, and a
+# batch's logits take rows x width x 50,304 floats, past any GPU's memory beyond MAX_BATCH_ROWS.
+MAX_LIMIT = 1_000_000
+MAX_BATCH_ROWS = 16_384
 
 # -----------------------------------------------------------------------------
 # data
@@ -324,10 +328,16 @@ def parse_args(argv):
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="autocast")
     p.add_argument("--batch_rows", type=int, default=BATCH_ROWS, help="rows per batch")
     args = p.parse_args(argv)
-    if args.limit < 0:
-        p.error("--limit must be >= 0 (0: all examples)")
-    if args.batch_rows < 1:
-        p.error("--batch_rows must be >= 1")
+    if not 0 <= args.limit <= MAX_LIMIT:
+        p.error(
+            f"--limit must be 0 (all examples) to {MAX_LIMIT:,}: HellaSwag's splits hold about"
+            " 60,000 examples in all"
+        )
+    if not 1 <= args.batch_rows <= MAX_BATCH_ROWS:
+        p.error(
+            f"--batch_rows must be 1 to {MAX_BATCH_ROWS:,}: a batch's logits take rows x width"
+            " x 50,304 floats, and more rows would fit no GPU"
+        )
     if not args.model:
         p.error("--model is empty")
     if args.data == "":
@@ -374,7 +384,12 @@ def main(argv=None):
         # one line, even for a library's multi-line message
         message = " ".join(str(e).split())
         sys.exit(f"hellaswag.py: error: {message}")
-    print(f"acc {result['acc']:.4f} acc_norm {result['acc_norm']:.4f} over {result['n']} examples")
+    # a closed stdout (`| head`) ends the printing quietly, as in train_gpt2.py (imported here,
+    # not at the top: train_gpt2 imports this module)
+    from train_gpt2 import console
+
+    scores = f"acc {result['acc']:.4f} acc_norm {result['acc_norm']:.4f}"
+    console(f"{scores} over {result['n']} examples")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ Each sample is the prompt and --max_new_tokens new tokens (default
 --max_length 30 (5 sequences, top-k 50, seed 42, the defaults).
 train_gpt2.sample_texts does the work, the function that prints the
 samples during training (KV cache, seeded). Ctrl-C ends it as
-Python does: nothing is written.
+Python does: nothing is written. A closed stdout (`| head -1`)
+ends the printing quietly, with exit status 0.
 """
 
 import argparse
@@ -24,6 +25,12 @@ import train_gpt2
 
 # new tokens a sample when neither --max_new_tokens nor --max_length is given
 NEW_TOKENS = 100
+# Bounds that a typo cannot pass. Past the model's context each new token re-runs the whole
+# window: a sample of more than MAX_TOKENS would take hours. The samples are one batch: for more
+# than MAX_SAMPLES, run again with another --seed. MAX_TOP_K is more than any vocabulary.
+MAX_TOKENS = 100_000
+MAX_SAMPLES = 1_000
+MAX_TOP_K = 1_000_000
 
 
 def parse_args(argv):
@@ -43,16 +50,23 @@ def parse_args(argv):
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--device", default="auto", help="auto|cpu|cuda|cuda:N|mps")
     args = p.parse_args(argv)
-    # past 2**63 torch cannot even count the samples' tokens
-    if not 1 <= args.num_samples < 2**63:
-        p.error("--num_samples must be in 1 .. 2**63 - 1")
+    if not 1 <= args.num_samples <= MAX_SAMPLES:
+        p.error(
+            f"--num_samples must be 1 to {MAX_SAMPLES:,}: they are one batch (for more, run"
+            " again with another --seed)"
+        )
     # None: the flag not given
-    if args.max_new_tokens is not None and args.max_new_tokens < 1:
-        p.error("--max_new_tokens must be >= 1")
-    if args.max_length is not None and args.max_length < 1:
-        p.error("--max_length must be >= 1")
-    if args.top_k < 0:
-        p.error("--top_k must be >= 0")
+    for flag in ("max_new_tokens", "max_length"):
+        value = getattr(args, flag)
+        if value is not None and not 1 <= value <= MAX_TOKENS:
+            p.error(
+                f"--{flag} must be 1 to {MAX_TOKENS:,}: past the model's context each token"
+                " re-runs the whole window, so a longer sample would take hours"
+            )
+    if not 0 <= args.top_k <= MAX_TOP_K:
+        p.error(
+            f"--top_k must be 0 (the whole distribution) to {MAX_TOP_K:,} (no vocabulary is larger)"
+        )
     # float32 takes a tiny temperature for 0 (NaN probabilities); below 1e-6 it is greedy anyway
     if not (args.temperature == 0 or 1e-6 <= args.temperature < math.inf):
         p.error("--temperature must be 0 (greedy) or a finite number >= 1e-6")
@@ -126,8 +140,9 @@ def main(argv=None):
         # one line, even for a library's multi-line message
         message = " ".join(str(e).split())
         sys.exit(f"sample.py: error: {message}")
+    # a closed stdout (`sample.py | head -1`) ends the printing quietly, as in train_gpt2.py
     for i, text in enumerate(texts):
-        print(f"sample {i}: {text}")
+        train_gpt2.console(f"sample {i}: {text}")
 
 
 if __name__ == "__main__":

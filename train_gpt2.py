@@ -29,6 +29,7 @@ import resource
 import shlex
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -432,6 +433,7 @@ class GPT(nn.Module):
         with torch.no_grad():
             for k, w in weights.items():
                 sd[k].copy_(w)
+        check_finite(sd, name_or_dir)
         return model
 
     def configure_optimizers(
@@ -866,6 +868,10 @@ def is_whole(path):
     # torn, truncated or bit-flipped file fails (torch.load itself checks none of that). A file
     # that cannot be read at all (permissions, an I/O error) is not known to be damaged: its
     # OSError goes to the caller, which stops rather than write over what it could not read.
+    # Nor is a path that is not a regular file, which is never opened: a FIFO would block for
+    # good, a device read for ever.
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise OSError("not a regular file")
     try:
         with zipfile.ZipFile(path) as z:
             return z.testzip() is None
@@ -884,9 +890,23 @@ def load_checkpoint(path):
         raise ValueError(f"{path} is not a train_gpt2.py checkpoint ({e})") from None
     if not whole:
         raise ValueError(f"{path} is damaged, or not a checkpoint (fails its CRC-32 check)")
-    if not isinstance(ckpt, dict) or not {"model", "model_config", "step"} <= ckpt.keys():
+    keys = {"model", "model_config", "step"}
+    if not isinstance(ckpt, dict) or not keys <= ckpt.keys() or not isinstance(ckpt["model"], dict):
         raise ValueError(f"{path} is not a train_gpt2.py checkpoint")
+    check_finite(ckpt["model"], path)
     return ckpt
+
+
+def check_finite(weights, source):
+    # A model whose run diverged (a NaN or an inf among its weights) computes NaN: HellaSwag's
+    # argmin would pick ending 0, a sample would be one token over and over, an export would
+    # blame its architecture. Every loader (our checkpoints, Hugging Face's) refuses it so.
+    for name, w in weights.items():
+        if torch.is_tensor(w) and w.is_floating_point() and not torch.isfinite(w).all():
+            raise ValueError(
+                f"{source} holds non-finite weights (first: {name}): its run diverged before it"
+                " was saved; use an earlier checkpoint"
+            )
 
 
 def weight_differing(model, state):
@@ -904,6 +924,15 @@ def load_model(source, device="cpu", dropout=None):
     # hub name (these two with GPT-2's tokenizer); what cannot load is one ValueError line. The
     # model's dropout is `dropout`, or None: the checkpoint's (a Hugging Face model's: none).
     if not str(source).endswith(".pt"):
+        # transformers opens what a directory holds: a FIFO or a device there would hang it
+        path = Path(source)
+        entries = [path, *path.iterdir()] if path.is_dir() else [path]
+        for entry in entries:
+            if entry.exists() and not entry.is_file() and not entry.is_dir():
+                raise ValueError(
+                    f"{entry} is not a regular file (a FIFO or a device?): a model is a .pt"
+                    " checkpoint, or a Hugging Face directory of plain files"
+                )
         model = GPT.from_pretrained(str(source), dropout or 0.0)
         # GPT-2's tokenizer goes with it: a smaller table would be handed ids it does not hold
         if model.config.vocab_size < fineweb.GPT2_VOCAB_SIZE:
@@ -955,8 +984,8 @@ def choose_checkpoint(resume, log_dir, log):
             whole = is_whole(path)
         except OSError as e:
             raise ValueError(
-                f"cannot read checkpoint {path} ({e.strerror or e}): make it readable, or move it"
-                " out of the log_dir, then run again (nothing was written)"
+                f"cannot read checkpoint {path} ({e.strerror or e}): move it out of the log_dir"
+                " (or make it readable), then run again (nothing was written)"
             ) from None
         if whole:
             return path

@@ -4,10 +4,11 @@ GPT.generate's KV cache chooses. No timing is asserted: only the shape of the ou
 
 import json
 import os
+import subprocess
 
 import pytest
 import torch
-from conftest import one_line_error, run_main, run_program
+from conftest import child_env, command_of, one_line_error, run_main
 
 import bench
 from train_gpt2 import GPT, GPTConfig
@@ -23,13 +24,14 @@ def table(stdout):
     return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[:1] + lines[2:]]
 
 
-def test_a_cpu_run_prints_the_table_and_writes_the_json(tmp_path):
+def test_a_cpu_run_prints_the_table_and_writes_the_json(tmp_path, capsys):
     out = tmp_path / "results" / "bench.json"  # its directory is made
     flags = ["--device", "cpu", "--preset", "tiny", "--batch_sizes", "2,4", "--steps", 2]
-    proc = run_program("bench.py", flags + ["--warmup", 1, "--new_tokens", 8, "--json", out])
-    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
-    assert proc.stdout.startswith("bench.py --preset tiny: 2 layers x 64, vocab 512; cpu")
-    cells = table(proc.stdout)
+    bench.main([str(a) for a in flags + ["--warmup", 1, "--new_tokens", 8, "--json", out]])
+    stdout, stderr = capsys.readouterr()
+    assert stderr == "", stderr
+    assert stdout.startswith("bench.py --preset tiny: 2 layers x 64, vocab 512; cpu")
+    cells = table(stdout)
     assert cells[0] == HEADER and [row[0] for row in cells[1:]] == RUNS
     for row in cells[1:]:
         assert float(row[4].replace(",", "")) >= 0  # tok/s
@@ -47,7 +49,7 @@ def test_a_cpu_run_prints_the_table_and_writes_the_json(tmp_path):
     # what the numbers were measured with, printed above the table too
     assert results["environment"]["torch"] == torch.__version__
     assert "math" in results["environment"]["sdpa"] and results["environment"]["peak_flops"] is None
-    assert proc.stdout.splitlines()[1].startswith("CPU (")
+    assert stdout.splitlines()[1].startswith("CPU (")
     rows = results["rows"]
     assert [row["run"] for row in rows] == RUNS
     for row in rows:
@@ -58,6 +60,24 @@ def test_a_cpu_run_prints_the_table_and_writes_the_json(tmp_path):
     speedup = rows[4]["tok_per_s"] / rows[3]["tok_per_s"]
     assert rows[4]["ratio"] == pytest.approx(speedup)
     assert rows[1]["ratio"] == pytest.approx(rows[1]["tok_per_s"] / rows[0]["tok_per_s"])
+
+
+def test_a_closed_stdout_still_writes_the_json(tmp_path):
+    # `bench.py ... --json F | head -1` with the reader gone first: the table's printing ends
+    # quietly, the results are written, exit 0 (no BrokenPipeError's traceback)
+    out = tmp_path / "bench.json"
+    flags = ["--device", "cpu", "--preset", "tiny", "--batch_sizes", 1, "--seq_len", 8]
+    flags += ["--steps", 1, "--warmup", 0, "--new_tokens", 1, "--json", out]
+    proc = subprocess.Popen(
+        command_of("bench.py", flags),
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0 and err == b"", err.decode()[-2000:]
+    assert [row["run"] for row in json.loads(out.read_text())["rows"]][0] == "train B=1"
 
 
 # Each a line on stderr before anything runs; --threads 100000 was a segmentation fault.
@@ -76,23 +96,40 @@ BAD_FLAGS = [
     (["--seed", "-1"], "--seed must be 0 to 2**63 - 1"),
     (["--device", "tpu"], "--device tpu: not cpu, cuda, cuda:N or mps"),
     (["--json", "."], "--json . is a directory"),
+    # (a FIFO, not a device: were the check lost, the rename would put a file in its place)
+    (["--json", "{tmp}/fifo"], "--json {tmp}/fifo is not a regular file (a FIFO or a device?)"),
+    (["--json", "{tmp}/file/out.json"], "--json {tmp}/file/out.json: {tmp}/file is a file, not a"),
+    (["--json", "{tmp}/file/a/b.json"], "{tmp}/file is a file, not a directory: name a file in a"),
 ]
 if not torch.cuda.is_available():
     BAD_FLAGS.append((["--device", "cuda"], "--device cuda: this torch sees no CUDA GPU"))
 
 
 @pytest.mark.parametrize("flags, message", BAD_FLAGS, ids=[" ".join(f) for f, _ in BAD_FLAGS])
-def test_a_bad_flag_is_one_line(flags, message, capsys):
-    code, err = run_main(bench.main, flags, capsys)
-    one_line_error(code, err, "bench.py", message)
+def test_a_bad_flag_is_one_line(flags, message, capsys, tmp_path):
+    # what --json may name: a FIFO, and a path through a file
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "file").write_text("keep me")
+    code, err = run_main(bench.main, [f.format(tmp=tmp_path) for f in flags], capsys)
+    one_line_error(code, err, "bench.py", message.format(tmp=tmp_path))
     assert capsys.readouterr().out == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "file"]
+    assert (tmp_path / "file").read_text() == "keep me"
 
 
-def test_an_unwritable_json_path_is_one_line_before_any_benchmark(tmp_path, capsys):
-    (tmp_path / "file").write_text("")
-    flags = ["--device", "cpu", "--json", tmp_path / "file" / "out.json"]
-    code, err = run_main(bench.main, flags, capsys)
-    one_line_error(code, err, "bench.py", "file")
+def test_a_json_that_cannot_be_written_loses_no_results(tmp_path, capsys, monkeypatch):
+    # the file fails at the end (a full disk): the table is printed first, the line names the file
+    def full_disk(path, write):
+        raise OSError(f"cannot write {path}: [Errno 28] No space left on device")
+
+    monkeypatch.setattr(bench.fineweb, "write_atomic", full_disk)
+    flags = ["--device", "cpu", "--preset", "tiny", "--batch_sizes", 1, "--seq_len", 8]
+    flags += ["--steps", 1, "--warmup", 0, "--new_tokens", 1, "--json", tmp_path / "out.json"]
+    with pytest.raises(SystemExit) as exit:
+        bench.main([str(a) for a in flags])
+    out, err = capsys.readouterr()
+    one_line_error(1, err + exit.value.code + "\n", "bench.py", "out.json: [Errno 28] No space")
+    assert table(out)[0] == HEADER
 
 
 def test_the_baseline_chooses_the_tokens_of_the_kv_cache():

@@ -9,14 +9,26 @@ encode_ordinary (what hellaswag.py and fineweb.py use for document text)."""
 
 import dataclasses
 import json
+import math
+import os
 import random
 import signal
+import subprocess
 import types
 
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import finish, one_line_error, run_main, start, tiny_config, wait_for
+from conftest import (
+    child_env,
+    command_of,
+    finish,
+    one_line_error,
+    run_main,
+    start,
+    tiny_config,
+    wait_for,
+)
 
 import export_hf
 import fineweb
@@ -174,7 +186,7 @@ def test_export_computes_our_logits(exported, ours, tmp_path):
 
 
 @pytest.mark.gpt2_contract
-def test_a_killed_export_leaves_a_temporary_that_the_next_removes(trained, tmp_path, capsys):
+def test_a_killed_export_leaves_a_temporary_that_the_next_removes(trained, tmp_path):
     # the command line, as a user runs it, killed outright (kill -9: no cleanup) while it writes
     out = tmp_path / "hf"
     tmp = tmp_path / ".hf.tmp"
@@ -184,10 +196,15 @@ def test_a_killed_export_leaves_a_temporary_that_the_next_removes(trained, tmp_p
     code, _, _ = finish(proc)
     assert code == -signal.SIGKILL
     assert [p.name for p in tmp_path.iterdir()] == [".hf.tmp"]
-    # the next export to the same OUT_DIR starts by removing it, and leaves only OUT_DIR
-    export_hf.main([str(trained), str(out)])
-    stdout, err = capsys.readouterr()
-    assert stdout.startswith(f"wrote {out}: load it with") and err == "", err
+    # The next export to the same OUT_DIR starts by removing it, and leaves only OUT_DIR. Its
+    # reader gone first (`export_hf.py ... | head`), it ends quietly: exit 0, no BrokenPipeError.
+    command = command_of("export_hf.py", [trained, out])
+    proc = subprocess.Popen(
+        command, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0 and err == b"", err.decode()[-2000:]
     assert [p.name for p in tmp_path.iterdir()] == ["hf"]
     assert {p.name for p in out.iterdir()} == GPT2_FILES
 
@@ -373,6 +390,12 @@ def make_inputs(root):
     (root / "full").mkdir()
     (root / "full" / "mine.txt").write_text("keep me")
     (root / "a_file").write_text("keep me")
+    # what a read would wait on for ever, and a run that diverged (a NaN among its weights)
+    os.mkfifo(root / "fifo.pt")
+    os.mkfifo(root / "fifo_out")
+    saved = train_gpt2.load_checkpoint(ckpt)
+    saved["model"]["transformer.h.1.mlp.c_proj.weight"][4, 2] = math.inf
+    train_gpt2.save_checkpoint(root / "nan.pt", saved)
 
 
 # name: (an edit of train_gpt2 as a user might make it, or None; the arguments; the message)
@@ -403,6 +426,23 @@ BAD_INPUTS = {
         "full exists and is not an empty directory; pick a new OUT_DIR",
     ),
     "OUT_DIR a file": (None, ["{root}/model.pt", "{root}/a_file"], "a_file exists and is not"),
+    "OUT_DIR a FIFO": (None, ["{root}/model.pt", "{root}/fifo_out"], "fifo_out exists and is not"),
+    "OUT_DIR in a file": (
+        None,
+        ["{root}/model.pt", "{root}/a_file/out"],
+        "cannot write {root}/a_file/out: [Errno 20] Not a directory",
+    ),
+    "a FIFO checkpoint": (
+        None,
+        ["{root}/fifo.pt", "{root}/out"],
+        "cannot read checkpoint {root}/fifo.pt (not a regular file)",
+    ),
+    "a diverged checkpoint": (
+        None,
+        ["{root}/nan.pt", "{root}/out"],
+        "nan.pt holds non-finite weights (first: transformer.h.1.mlp.c_proj.weight): its run"
+        " diverged before it was saved; use an earlier checkpoint",
+    ),
     "an untied head": (untied, ["{root}/model.pt", "{root}/out"], "GPT-2's format cannot hold"),
     "the exact GELU": (erf_gelu, ["{root}/model.pt", "{root}/out"], "GPT-2's format cannot hold"),
     "capped logits": (soft_capped, ["{root}/model.pt", "{root}/out"], "GPT-2's format cannot"),
@@ -432,6 +472,8 @@ def test_an_edit_seen_only_at_distant_positions_is_refused(tmp_path, capsys, mon
     assert not (tmp_path / "out").exists()
 
 
+# a FIFO opened would block for good: the timeout fails the test rather than hang
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("name", BAD_INPUTS)
 def test_bad_input_is_one_line(tmp_path, capsys, monkeypatch, name):
     edit, args, message = BAD_INPUTS[name]
@@ -445,7 +487,7 @@ def test_bad_input_is_one_line(tmp_path, capsys, monkeypatch, name):
     make_inputs(tmp_path)
     before = sorted(p.name for p in tmp_path.iterdir() if p.name != ".out.tmp")
     code, err = run_main(export_hf.main, [a.format(root=tmp_path) for a in args], capsys)
-    one_line_error(code, err, "export_hf.py", message)
+    one_line_error(code, err, "export_hf.py", message.format(root=tmp_path))
     # nothing written, nothing of the user's changed
     assert sorted(p.name for p in tmp_path.iterdir()) == before
     assert (tmp_path / "full" / "mine.txt").read_text() == "keep me"

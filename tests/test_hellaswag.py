@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import random
+import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -20,7 +21,16 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from conftest import cases, finish, one_line_error, run_main, run_program, start
+from conftest import (
+    cases,
+    child_env,
+    command_of,
+    finish,
+    one_line_error,
+    run_main,
+    run_program,
+    start,
+)
 
 import hellaswag
 import train_gpt2
@@ -472,16 +482,21 @@ def test_ddp_two_ranks_give_the_single_process_result(tmp_path, examples, model,
 # the command line on a real model (train_gpt2.load_model)
 
 
-def make_checkpoint(path, tokenizer="gpt2", block_size=64):
+def make_checkpoint(path, tokenizer="gpt2", block_size=64, nan=False):
     """A tiny GPT of train_gpt2's, saved as a training run saves one (its keys: model,
-    model_config, step, tokenizer as fineweb.tokenizer_info has it)."""
+    model_config, step, tokenizer as fineweb.tokenizer_info has it); nan: a NaN among its
+    weights, as a run that diverged leaves them."""
     import dataclasses
 
     config = train_gpt2.GPTConfig(
         block_size=block_size, vocab_size=50304, n_layer=1, n_head=2, n_embd=16
     )
+    model = train_gpt2.GPT(config)
+    if nan:
+        with torch.no_grad():
+            model.transformer.h[0].attn.c_proj.weight[2, 3] = float("nan")
     ckpt = {
-        "model": train_gpt2.GPT(config).state_dict(),
+        "model": model.state_dict(),
         "model_config": dataclasses.asdict(config),
         "step": 10,
         "tokenizer": {"tokenizer": tokenizer, "vocab": None if tokenizer == "gpt2" else "abc"},
@@ -503,6 +518,15 @@ def test_cli_on_a_checkpoint_prints_evaluate_s_result(tmp_path, examples):
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     line = f"acc {expected['acc']:.4f} acc_norm {expected['acc_norm']:.4f} over 10 examples\n"
     assert proc.stdout == line
+    # `hellaswag.py ... | head -1` with the reader gone first: exit 0, nothing on stderr (no
+    # BrokenPipeError's traceback)
+    command = command_of("hellaswag.py", argv)
+    proc = subprocess.Popen(
+        command, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0 and err == b"", err.decode()[-2000:]
 
 
 GOOD = {"ctx": "A man", "endings": ["a", "b", "c", "d"], "label": 1}
@@ -544,6 +568,8 @@ def inputs(tmp_path_factory, examples, quiet_transformers):
     make_checkpoint(root / "model.pt")
     make_checkpoint(root / "char.pt", tokenizer="char")
     make_checkpoint(root / "short.pt", block_size=8)
+    make_checkpoint(root / "nan.pt", nan=True)
+    os.mkfifo(root / "fifo.pt")  # would block for ever
     (root / "no_config").mkdir()
     (root / "no_config" / "model.safetensors").write_bytes(b"")
     config = GPT2Config(n_positions=64, n_embd=8, n_layer=1, n_head=2, vocab_size=100)
@@ -566,9 +592,17 @@ def out_of_memory(monkeypatch):
 DATA = ["--data", "{inputs}/val.jsonl"]
 BAD_INPUTS = {
     "unknown flag": (["--bogus"], "unrecognized arguments: --bogus"),
-    "negative limit": (["--limit", -3], "--limit must be >= 0"),
+    "negative limit": (["--limit", -3], "--limit must be 0 (all examples) to 1,000,000"),
+    "limit past any split": (
+        ["--limit", 10**12],
+        "--limit must be 0 (all examples) to 1,000,000: HellaSwag's splits hold about 60,000",
+    ),
     "limit not a number": (["--limit", "x"], "argument --limit: invalid int value: 'x'"),
-    "no rows a batch": (["--batch_rows", 0], "--batch_rows must be >= 1"),
+    "no rows a batch": (["--batch_rows", 0], "--batch_rows must be 1 to 16,384"),
+    "rows past any GPU": (
+        ["--batch_rows", 10**9],
+        "--batch_rows must be 1 to 16,384: a batch's logits take rows x width x 50,304 floats",
+    ),
     "float16": (["--dtype", "float16"], "argument --dtype: invalid choice: 'float16'"),
     "empty model": (["--model", ""], "--model is empty"),
     "empty data": (["--data", ""], "--data is empty"),
@@ -612,6 +646,15 @@ BAD_INPUTS = {
     ),
     "torn weights": ([*DATA, "--model", "{inputs}/torn"], "torn: transformers cannot load it"),
     "no such directory": ([*DATA, "--model", "{inputs}/none"], "none: no such directory"),
+    "a FIFO checkpoint": (
+        [*DATA, "--model", "{inputs}/fifo.pt"],
+        "cannot read checkpoint {inputs}/fifo.pt (not a regular file)",
+    ),
+    "a diverged checkpoint": (
+        [*DATA, "--model", "{inputs}/nan.pt"],
+        "nan.pt holds non-finite weights (first: transformer.h.0.attn.c_proj.weight): its run"
+        " diverged before it was saved; use an earlier checkpoint",
+    ),
     "out of memory": (
         [*DATA, "--model", "{inputs}/model.pt"],
         "out of cpu memory with --batch_rows 64: lower it",
@@ -619,7 +662,9 @@ BAD_INPUTS = {
 }
 
 
-# (loading a Hugging Face GPT-2 directory into our GPT: the GPT-2 contract's)
+# (loading a Hugging Face GPT-2 directory into our GPT: the GPT-2 contract's); a FIFO opened
+# would block for good: the timeout fails the test rather than hang
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("name", cases(BAD_INPUTS, contract={"another vocabulary"}))
 def test_bad_input_is_one_line(inputs, capsys, monkeypatch, name):
     args, message = BAD_INPUTS[name]
@@ -628,5 +673,5 @@ def test_bad_input_is_one_line(inputs, capsys, monkeypatch, name):
     before = sorted(p.name for p in inputs.iterdir())
     argv = ["--device", "cpu"] + [str(a).format(inputs=inputs) for a in args]
     code, err = run_main(hellaswag.main, argv, capsys)
-    one_line_error(code, err, "hellaswag.py", message)
+    one_line_error(code, err, "hellaswag.py", message.format(inputs=inputs))
     assert sorted(p.name for p in inputs.iterdir()) == before  # nothing written

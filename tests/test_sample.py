@@ -3,11 +3,23 @@
 a Hugging Face directory brings GPT-2's tokenizer; bad input, a model it cannot sample and an
 absurd size are one line on stderr (through main(), in this process)."""
 
+import math
+import os
 import re
+import subprocess
 
 import pytest
 import torch
-from conftest import cases, make_corpus, one_line_error, run_main, run_program, tiny_config
+from conftest import (
+    cases,
+    child_env,
+    command_of,
+    make_corpus,
+    one_line_error,
+    run_main,
+    run_program,
+    tiny_config,
+)
 
 import sample
 import train_gpt2
@@ -98,6 +110,21 @@ def test_the_command_line_in_its_own_process(checkpoint, model):
     assert samples(proc.stdout) == train_gpt2.sample_texts(model, enc, "JULIET:", 2, 20, seed=5)
 
 
+def test_a_closed_stdout_ends_the_printing_quietly(checkpoint):
+    # `sample.py ... | head -1`: the reader is gone before the samples are printed; exit 0 and
+    # nothing on stderr, as train_gpt2.py does (no BrokenPipeError's traceback)
+    flags = ["--init_from", checkpoint, "--max_new_tokens", 20]
+    proc = subprocess.Popen(
+        command_of("sample.py", flags),
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0 and err == b"", err.decode()[-2000:]
+
+
 @pytest.mark.gpt2_contract  # GPT-2's weights, imported: a model edit changes what loads
 def test_a_hugging_face_directory_samples_gpt2_tokens(tmp_path, capsys):
     """A GPT2LMHeadModel directory brings GPT-2's tokenizer; an empty prompt is <|endoftext|>
@@ -128,16 +155,45 @@ def inputs(checkpoint, tmp_path_factory):
 
     config = GPT2Config(n_positions=32, n_embd=8, n_layer=1, n_head=2, vocab_size=40)
     GPT2LMHeadModel(config).save_pretrained(root / "char_hf")
+    # what a read would wait on for ever: a FIFO as a checkpoint, as a Hugging Face directory's
+    # config.json, or in place of the directory
+    os.mkfifo(root / "fifo.pt")
+    os.mkfifo(root / "fifo")
+    (root / "fifo_hf").mkdir()
+    os.mkfifo(root / "fifo_hf" / "config.json")
+    # a run that diverged: a NaN among its weights, in our checkpoint or a Hugging Face directory
+    ckpt = train_gpt2.load_checkpoint(checkpoint)
+    ckpt["model"]["transformer.h.0.attn.c_attn.weight"][1, 2] = math.nan
+    train_gpt2.save_checkpoint(root / "nan.pt", ckpt)
+    hf = GPT2LMHeadModel(GPT2Config(n_positions=32, n_embd=8, n_layer=1, n_head=2))
+    with torch.no_grad():
+        hf.transformer.h[0].mlp.c_proj.weight[0, 0] = math.inf
+    hf.save_pretrained(root / "nan_hf")
     return root
+
+
+def out_of_memory(monkeypatch):
+    # what a device says when the samples' batch does not fit
+    def forward(self, *args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB")
+
+    monkeypatch.setattr(train_gpt2.GPT, "forward", forward)
 
 
 BAD_INPUTS = {
     "unknown flag": (["--bogus"], "unrecognized arguments: --bogus"),
     "both lengths": (["--max_length", 10, "--max_new_tokens", 3], "not allowed with argument"),
-    "no samples": (["--num_samples", 0], "--num_samples must be in 1 .. 2**63 - 1"),
-    "too many to count": (["--num_samples", 2**63], "--num_samples must be in 1 .. 2**63 - 1"),
-    "no new tokens": (["--max_new_tokens", 0], "--max_new_tokens must be >= 1"),
-    "negative top-k": (["--top_k", -1], "--top_k must be >= 0"),
+    "no samples": (["--num_samples", 0], "--num_samples must be 1 to 1,000: they are one batch"),
+    "too many samples": (["--num_samples", 10**12], "--num_samples must be 1 to 1,000: they"),
+    "no new tokens": (["--max_new_tokens", 0], "--max_new_tokens must be 1 to 100,000: past"),
+    "new tokens for ever": (
+        ["--max_new_tokens", 10**9],
+        "--max_new_tokens must be 1 to 100,000: past the model's context each token re-runs",
+    ),
+    "no length": (["--max_length", 0], "--max_length must be 1 to 100,000"),
+    "length for ever": (["--max_length", 10**9], "--max_length must be 1 to 100,000"),
+    "negative top-k": (["--top_k", -1], "--top_k must be 0 (the whole distribution) to 1,000,000"),
+    "top-k past any vocabulary": (["--top_k", 10**7], "--top_k must be 0 (the whole"),
     "negative temperature": (["--temperature", -0.5], "--temperature must be 0 (greedy) or"),
     "temperature float32 takes for 0": (["--temperature", 1e-50], "a finite number >= 1e-6"),
     "temperature nan": (["--temperature", "nan"], "--temperature must be 0 (greedy) or"),
@@ -158,11 +214,10 @@ BAD_INPUTS = {
         "--prompt: character '\N{EURO SIGN}' is not in the vocabulary of",
     ),
     "empty prompt, no <|endoftext|>": (["--prompt", ""], "--prompt is empty, and this model"),
-    "absurd number of samples": (
-        ["--num_samples", 10**12],
-        "--num_samples 1000000000000 of 128 tokens do not fit in cpu's memory",
+    "out of memory": (
+        ["--num_samples", 1000],
+        "--num_samples 1000 of 128 tokens do not fit in cpu's memory: lower --num_samples",
     ),
-    "samples past int64": (["--num_samples", 2**62], "do not fit in cpu's memory"),
     "a text file": (["--init_from", "{inputs}/notes.txt"], "not a checkpoint (.pt), nor a"),
     "missing file": (["--init_from", "{inputs}/gone/model.pt"], "no such file or directory"),
     "another program's .pt": (["--init_from", "{inputs}/foreign.pt"], "not a train_gpt2.py"),
@@ -171,13 +226,30 @@ BAD_INPUTS = {
         ["--init_from", "{inputs}/char_hf"],
         "not GPT-2's 50,257: load the .pt checkpoint it was exported from",
     ),
+    "a FIFO checkpoint": (["--init_from", "{inputs}/fifo.pt"], "fifo.pt (not a regular file)"),
+    "a FIFO": (["--init_from", "{inputs}/fifo"], "fifo is not a regular file (a FIFO or a"),
+    "a FIFO in a directory": (["--init_from", "{inputs}/fifo_hf"], "config.json is not a regular"),
+    "a diverged checkpoint": (
+        ["--init_from", "{inputs}/nan.pt"],
+        "nan.pt holds non-finite weights (first: transformer.h.0.attn.c_attn.weight): its run"
+        " diverged before it was saved; use an earlier checkpoint",
+    ),
+    "a diverged Hugging Face model": (
+        ["--init_from", "{inputs}/nan_hf"],
+        "nan_hf holds non-finite weights (first: transformer.h.0.mlp.c_proj.weight)",
+    ),
 }
-
-
 # (loading a Hugging Face GPT-2 directory into our GPT: the GPT-2 contract's)
-@pytest.mark.parametrize("name", cases(BAD_INPUTS, contract={"exported character model"}))
-def test_bad_input_is_one_line(checkpoint, inputs, capsys, name):
+CONTRACT = {"exported character model", "a diverged Hugging Face model"}
+
+
+# a FIFO opened would block for good: this fails rather than hangs
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", cases(BAD_INPUTS, contract=CONTRACT))
+def test_bad_input_is_one_line(checkpoint, inputs, capsys, monkeypatch, name):
     args, message = BAD_INPUTS[name]
+    if name == "out of memory":
+        out_of_memory(monkeypatch)
     before = sorted(p.name for p in inputs.iterdir())
     argv = ["--init_from", checkpoint, "--device", "cpu"] + [
         str(a).format(inputs=inputs) for a in args

@@ -187,6 +187,40 @@ def test_a_checkpoint_that_is_not_a_file_stops_resume_auto(small_corpus, tmp_pat
     assert file_bytes(tmp_path) == before
 
 
+@pytest.mark.timeout(60)  # a FIFO opened would block for good: this fails rather than hangs
+def test_a_fifo_or_a_diverged_checkpoint_is_one_line_and_nothing_is_written(
+    small_corpus, tmp_path, capsys
+):
+    # --resume auto finds a FIFO as the newest checkpoint of its log_dir; --resume and
+    # --init_from name a FIFO, or a checkpoint with a NaN among its weights
+    run = tmp_path / "run"
+    train(small_corpus, run, max_steps=4, ckpt_interval=4)
+    ckpt = checkpoint(run, 4)
+    ckpt["model"]["transformer.h.1.mlp.c_fc.weight"][3, 5] = math.nan
+    train_gpt2.save_checkpoint(tmp_path / "nan.pt", ckpt)
+    os.mkfifo(tmp_path / "fifo.pt")
+    os.mkfifo(run / "model_00012.pt")
+    before = file_bytes(run)
+    diverged = "nan.pt holds non-finite weights (first: transformer.h.1.mlp.c_fc.weight): its run"
+    cases = [
+        (
+            run,
+            "auto",
+            "cannot read checkpoint ",
+            "model_00012.pt (not a regular file): move it out",
+        ),
+        (tmp_path / "new", tmp_path / "fifo.pt", "cannot read checkpoint ", "fifo.pt (not a"),
+        (tmp_path / "new", tmp_path / "nan.pt", "", diverged),
+    ]
+    for log_dir, resume, prefix, message in cases:
+        for flag in ["--resume", "--init_from"] if resume != "auto" else ["--resume"]:
+            argv = tiny_flags(small_corpus, log_dir, max_steps=8) + [flag, resume]
+            returncode, err = run_main(train_gpt2.main, argv, capsys)
+            one_line_error(returncode, err, "train_gpt2.py", message)
+            assert err.startswith(f"train_gpt2.py: error: {prefix}")
+    assert file_bytes(run) == before and not (tmp_path / "new").exists()
+
+
 def test_a_resume_applies_this_runs_optimizer_settings(small_corpus, tmp_path):
     train(small_corpus, tmp_path, max_steps=12, ckpt_interval=6)
     (tmp_path / "model_00012.pt").unlink()
