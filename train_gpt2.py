@@ -433,7 +433,7 @@ class GPT(nn.Module):
         with torch.no_grad():
             for k, w in weights.items():
                 sd[k].copy_(w)
-        check_finite(sd, name_or_dir)
+        check_finite(model, name_or_dir)
         return model
 
     def configure_optimizers(
@@ -893,16 +893,16 @@ def load_checkpoint(path):
     keys = {"model", "model_config", "step"}
     if not isinstance(ckpt, dict) or not keys <= ckpt.keys() or not isinstance(ckpt["model"], dict):
         raise ValueError(f"{path} is not a train_gpt2.py checkpoint")
-    check_finite(ckpt["model"], path)
     return ckpt
 
 
-def check_finite(weights, source):
+def check_finite(model, source):
     # A model whose run diverged (a NaN or an inf among its weights) computes NaN: HellaSwag's
     # argmin would pick ending 0, a sample would be one token over and over, an export would
-    # blame its architecture. Every loader (our checkpoints, Hugging Face's) refuses it so.
-    for name, w in weights.items():
-        if torch.is_tensor(w) and w.is_floating_point() and not torch.isfinite(w).all():
+    # blame its architecture. Every loader (resume, load_model, from_pretrained) refuses it so.
+    # Its parameters only: a buffer may hold -inf on purpose (a fork's attention mask).
+    for name, w in model.named_parameters():
+        if not torch.isfinite(w).all():
             raise ValueError(
                 f"{source} holds non-finite weights (first: {name}): its run diverged before it"
                 " was saved; use an earlier checkpoint"
@@ -956,6 +956,7 @@ def load_model(source, device="cpu", dropout=None):
                 " model edited since?)"
             )
         model.load_state_dict(ckpt["model"])
+        check_finite(model, source)
         enc = fineweb.tokenizer_from_manifest(ckpt["tokenizer"])
     except (KeyError, TypeError, AttributeError, RuntimeError) as e:
         raise ValueError(f"{source} is not a checkpoint of train_gpt2.py's GPT ({e})") from None
@@ -1527,6 +1528,7 @@ def run(cfg, rank, local_rank, world_size, device, log, code):
         ckpt = load_checkpoint(path)
         check_resumable(ckpt, raw_model, cfg, data)
         raw_model.load_state_dict(ckpt["model"])
+        check_finite(raw_model, path)
         for opt, saved in zip(optimizers, ckpt["optimizers"]):
             # the moments and step counts are the checkpoint's, the hyper-parameters this run's
             opt.load_state_dict(
