@@ -56,6 +56,7 @@ import itertools
 import json
 import multiprocessing
 import os
+import re
 import shutil
 import signal
 import stat
@@ -942,6 +943,12 @@ def parse_args(argv):
         parser.error("--tokenizer char needs --local files (for its vocabulary)")
     if min(args.shard_size, args.workers) < 1:
         parser.error("--shard_size and --workers must be positive")
+    # the prefix starts every shard's name in --out_dir: a name, never a path out of it
+    if not re.fullmatch(r"[\w.-]{1,100}", args.prefix):
+        parser.error(
+            f"--prefix {args.prefix!r} must be a plain name (up to 100 letters, digits, "
+            "'.', '_' or '-'), not a path: shards go in --out_dir"
+        )
     return args
 
 

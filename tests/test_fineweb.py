@@ -248,6 +248,20 @@ def test_the_command_lines_errors_are_one_line_on_stderr(tmp_path):
     assert not list((tmp_path / "out").glob("*.npy"))
 
 
+def test_prefix_is_a_name_never_a_path(tmp_path):
+    # a file of the user's where --prefix ../victim would put the val shard stays as it was
+    text = write_txt(tmp_path / "a.txt", make_docs(5))
+    victim = tmp_path / "d" / "victim_val_0000_0000.npy"
+    victim.parent.mkdir()
+    victim.write_text("mine")
+    for prefix in ["../victim", "a/b"]:
+        args = ["--local", text, "--prefix", prefix, "--out_dir", tmp_path / "d" / "sub"]
+        proc = run_program("fineweb.py", args)
+        one_line_error(proc.returncode, proc.stderr, "fineweb.py", f"--prefix {prefix!r}")
+    assert victim.read_text() == "mine"
+    assert files_of(tmp_path / "d") == {"victim_val_0000_0000.npy": b"mine"}
+
+
 # -----------------------------------------------------------------------------
 # Tokenizers
 
