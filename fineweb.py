@@ -6,45 +6,36 @@ Tokenise a corpus into uint16 .npy shards for train_gpt2.py.
     python fineweb.py --local input.txt --out_dir data/shakespeare
     python fineweb.py --local a.jsonl b.parquet --text_field body
 
-Input: the hub dataset's parquet files (--repo, --files), downloaded
-one at a time by huggingface_hub (its retries, resumable downloads);
-with HF_HUB_OFFLINE=1 the ones downloaded already (in the hub cache,
-or --download_dir) are used. Or --local files: a .txt file holds
-documents separated by two or more blank lines; a .jsonl line or a
-.parquet row holds one in its --text_field. --free deletes each
-download once its shards are done.
+Input: the hub dataset's parquet files (--repo, --files), downloaded one at a time by
+huggingface_hub (its retries, resumable downloads); with HF_HUB_OFFLINE=1 the ones downloaded
+already (in the hub cache, or --download_dir) are used. Or --local files: a .txt file holds
+documents separated by two or more blank lines; a .jsonl line or a .parquet row holds one in its
+--text_field. --free deletes each download once its shards are done.
 
-Each file is tokenised on its own, in order, into shards of
---shard_size tokens named {prefix}_{split}_{file:04d}_{part:04d}.npy
-(np.save of a 1-D uint16 array). --workers processes read the file's
-slices themselves (.parquet rows, .txt/.jsonl bytes cut where a
-document or line starts) and send back their tokens; this process
-puts them in order and writes the shards. GPT-2: each document is
-<|endoftext|> then its tokens. char: one token per character of the
+Each file is tokenised on its own, in order, into shards of --shard_size tokens named
+{prefix}_{split}_{file:04d}_{part:04d}.npy (np.save of a 1-D uint16 array). --workers processes
+read the file's slices themselves (.parquet rows, .txt/.jsonl bytes cut where a document or line
+starts) and send back their tokens; this process puts them in order and writes the shards.
+GPT-2: each document is <|endoftext|> then its tokens. char: one token per character of the
 --local files, and each document is followed by a blank line.
 
-Split: the first --shard_size tokens of the first file are val (part
-0 of file 0), everything after is train. If the first file holds at
-most --shard_size tokens, val is about 10% of it, cut at the document
-boundary nearest to 10% if one lies between 5% and 20% (else
-mid-document), and the rest of it is train.
+Split: the first --shard_size tokens of the first file are val (part 0 of file 0), everything
+after is train. If the first file holds at most --shard_size tokens, val is about 10% of it, cut
+at the document boundary nearest to 10% if one lies between 5% and 20% (else mid-document), and
+the rest of it is train.
 
-A finished file gets a done-record (.fineweb/{file:04d}.done.json:
-its source, the settings, its shards and their sha256); manifest.json
-comes last, and until then train_gpt2.py refuses the directory. A run
-that is stopped (Ctrl-C, kill) or fails keeps its finished files: the
-same command continues with the first unfinished one, and ends with
-the bytes of a run that never stopped. A rerun first checks every
-shard already written (size, sha256) and tokenises a file whose
-shards changed again. Other settings on the same --out_dir are
-refused. --overwrite builds the new corpus beside the old one
-(.fineweb/staging/) and swaps it in once it is complete.
+A finished file gets a done-record (.fineweb/{file:04d}.done.json: its source, the settings, its
+shards and their sha256); manifest.json comes last, and until then train_gpt2.py refuses the
+directory. A run that is stopped (Ctrl-C, kill) or fails keeps its finished files: the same
+command continues with the first unfinished one, and ends with the bytes of a run that never
+stopped. A rerun first checks every shard already written (size, sha256) and tokenises a file
+whose shards changed again. Other settings on the same --out_dir are refused. --overwrite builds
+the new corpus beside the old one (.fineweb/staging/) and swaps it in once it is complete.
 """
 
 import argparse
 import base64
 import collections
-import concurrent.futures
 import contextlib
 import ctypes
 import fcntl
@@ -56,6 +47,7 @@ import itertools
 import json
 import multiprocessing
 import os
+import re
 import shutil
 import signal
 import stat
@@ -65,12 +57,7 @@ from pathlib import Path
 import numpy as np
 
 MANIFEST = "manifest.json"
-STOP_SIGNALS = (
-    signal.SIGINT,
-    signal.SIGTERM,
-    signal.SIGHUP,
-    signal.SIGUSR1,
-)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
 
 # GPT-2's BPE from the vendored vocabulary (tiktoken's r50k_base)
 GPT2_VOCAB_FILE = Path(__file__).resolve().parent / "assets" / "gpt2.tiktoken"
@@ -82,6 +69,8 @@ GPT2_VOCAB_SIZE = 50257
 # one core), so a stop waits little and a few slices per worker in flight hold little memory.
 SLICE_BYTES = 2**20
 SLICES_AHEAD = 2  # per worker, submitted beyond the one awaited
+# A shard's tokens are held in memory until it is written: at most 2 GB (10x the default)
+SHARD_SIZE_MAX = 10**9
 CHUNK_BYTES = 2**20  # what verify_shard reads at a time (it stays in the CPU cache)
 
 
@@ -212,7 +201,8 @@ def parquet_slices(path, text_field):
     import pyarrow.parquet as pq
 
     try:
-        table = pq.ParquetFile(path)
+        with open_file(path) as f:
+            table = pq.ParquetFile(f)
     except (ValueError, OSError) as e:  # not Parquet, unreadable
         raise CorpusError(f"{path}: {type(e).__name__}: {e}") from None
     if text_field not in table.schema_arrow.names:
@@ -253,9 +243,9 @@ def plan_slices(path, text_field):
         yield from parquet_slices(path, text_field)
         return
     cut = next_document if Path(path).suffix.lower() == ".txt" else next_line
-    size = os.path.getsize(path)
     start = 0
-    with open(path, "rb") as f:
+    with open_file(path) as f:
+        size = os.fstat(f.fileno()).st_size
         while start < size:
             stop = cut(f, start + SLICE_BYTES) if start + SLICE_BYTES < size else size
             yield (path, start, stop)
@@ -267,7 +257,7 @@ def plan_slices(path, text_field):
 def lines_before(path, stop):
     count = 0
     last = b""
-    with open(path, "rb") as f:
+    with open_file(path) as f:
         for chunk in iter(lambda: f.read(min(2**24, stop - f.tell())), b""):
             count += chunk.count(b"\n") + chunk.count(b"\r") - chunk.count(b"\r\n")
             if last == b"\r" and chunk[:1] == b"\n":
@@ -279,7 +269,7 @@ def lines_before(path, stop):
 # a slice of a .txt or .jsonl file as text: UTF-8, a byte-order mark at the file's start not
 # text, its line ends \n (as a text file reads them)
 def read_text(path, start, stop):
-    with open(path, "rb") as f:
+    with open_file(path) as f:
         f.seek(start)
         data = f.read(stop - start)
     if start == 0 and data.startswith(b"\xef\xbb\xbf"):
@@ -335,23 +325,24 @@ def jsonl_documents(path, text, start, text_field):
 def parquet_documents(path, start, stop, text_field):
     import pyarrow.parquet as pq
 
-    table = pq.ParquetFile(path)
-    sizes = [table.metadata.row_group(i).num_rows for i in range(table.num_row_groups)]
-    firsts = np.cumsum([0] + sizes)  # each group's first row, and the file's end
-    groups = [i for i in range(len(sizes)) if firsts[i] < stop and firsts[i + 1] > start]
-    row = firsts[groups[0]] if groups else start  # the first row of the batch read
-    docs = []
-    batches = table.iter_batches(
-        batch_size=1024, row_groups=groups, columns=[text_field], use_threads=False
-    )
-    for batch in batches:
-        lo = max(start - row, 0)
-        hi = min(stop - row, batch.num_rows)
-        if hi > lo:
-            docs += batch.column(0).slice(lo, hi - lo).to_pylist()
-        row += batch.num_rows
-        if row >= stop:
-            break
+    with open_file(path) as f:
+        table = pq.ParquetFile(f)
+        sizes = [table.metadata.row_group(i).num_rows for i in range(table.num_row_groups)]
+        firsts = np.cumsum([0] + sizes)  # each group's first row, and the file's end
+        groups = [i for i in range(len(sizes)) if firsts[i] < stop and firsts[i + 1] > start]
+        row = firsts[groups[0]] if groups else start  # the first row of the batch read
+        docs = []
+        batches = table.iter_batches(
+            batch_size=1024, row_groups=groups, columns=[text_field], use_threads=False
+        )
+        for batch in batches:
+            lo = max(start - row, 0)
+            hi = min(stop - row, batch.num_rows)
+            if hi > lo:
+                docs += batch.column(0).slice(lo, hi - lo).to_pylist()
+            row += batch.num_rows
+            if row >= stop:
+                break
     return docs
 
 
@@ -377,21 +368,17 @@ def read_documents(path, text_field="text"):
         yield from read_slice(path, start, stop, text_field)
 
 
-SUFFIXES = (".txt", ".jsonl", ".parquet")
-
-
-# the absolute paths of --local's files, refused before any work
-# when one is missing or of a kind we cannot read
+# the absolute paths of --local's files, refused before any work when one is of a kind we
+# cannot read, missing, or not a regular file (a FIFO, a device)
 def check_local(paths):
     for path in paths:
-        if Path(path).suffix.lower() not in SUFFIXES or not os.path.isfile(path):
+        if Path(path).suffix.lower() not in (".txt", ".jsonl", ".parquet") or file_problem(path):
             raise CorpusError(f"{path}: no such .txt, .jsonl or .parquet file")
     return [os.path.abspath(path) for path in paths]
 
 
-# the dataset's files that match pattern, sorted: as the hub lists
-# them, or offline (HF_HUB_OFFLINE=1) those downloaded already (into
-# the hub cache, or download_dir)
+# the dataset's files that match pattern, sorted: as the hub lists them, or offline
+# (HF_HUB_OFFLINE=1) those downloaded already (into the hub cache, or download_dir)
 def hub_files(repo, pattern, download_dir):
     from huggingface_hub import HfApi, constants, snapshot_download
     from huggingface_hub.utils import logging
@@ -399,10 +386,7 @@ def hub_files(repo, pattern, download_dir):
     logging.set_verbosity_error()  # not a warning per file offline
     if constants.HF_HUB_OFFLINE:
         root = snapshot_download(
-            repo,
-            repo_type="dataset",
-            allow_patterns=pattern,
-            local_dir=download_dir,
+            repo, repo_type="dataset", allow_patterns=pattern, local_dir=download_dir
         )
         names = [p.relative_to(root).as_posix() for p in Path(root).rglob("*")]
     else:
@@ -417,23 +401,80 @@ def hub_files(repo, pattern, download_dir):
 # The workers: each reads its slices itself and sends back small arrays
 
 
-# Worker set-up: die with the parent (even on its kill -9). Ctrl-C, a hangup and SIGUSR1 reach
-# the whole process group (from a terminal, a scheduler): they are the parent's, which ends the
-# run between slices. SIGTERM ends a worker at once: the pool ends its other workers by SIGTERM
-# once one has died, and a scheduler's SIGTERM to the group reaches the parent too.
-def init_worker(parent):
+class WorkerDied(Exception):
+    """A worker process ended in the middle of the run (kill -9, the OOM killer)."""
+
+
+# Worker processes, each forked when a job first needs it (never more than the jobs in flight),
+# each with a pipe of its own: job i of an in_order goes to worker i % size, which does its jobs
+# in order. A worker that dies at any moment, even halfway through sending a result, only ends
+# its own pipe, which result() sees. (concurrent.futures' pool shares one result pipe: a worker
+# killed halfway through a result left the pool's reader waiting for the rest for good.)
+class Pool:
+    def __init__(self, size):
+        self.size = size
+        # on Linux fork, for prctl's tie to us
+        self.context = multiprocessing.get_context("fork" if sys.platform == "linux" else None)
+        self.workers = []  # (process, our end of its pipe)
+
+    def submit(self, i, fn, args):
+        if i % self.size == len(self.workers):
+            ours, theirs = self.context.Pipe()
+            process = self.context.Process(target=work, args=(theirs, os.getpid()), daemon=True)
+            process.start()
+            theirs.close()
+            self.workers.append((process, ours))
+        try:
+            self.workers[i % self.size][1].send((fn, args))
+        except OSError:  # its end of the pipe is gone
+            raise WorkerDied() from None
+
+    # Job i's result. A stop signal only records itself: it is looked at here, before each
+    # result and every 0.2 s while one is awaited.
+    def result(self, i, stop):
+        pipe = self.workers[i % self.size][1]
+        stop.check()
+        while not pipe.poll(0.2):
+            stop.check()
+        try:
+            done, value = pipe.recv()
+        except (EOFError, OSError):
+            raise WorkerDied() from None
+        if not done:
+            raise CorpusError(value)
+        return value
+
+    # The workers hold nothing of the run's (this process writes every file): ended at once.
+    def close(self):
+        for process, pipe in self.workers:
+            process.kill()
+            process.join()
+            pipe.close()
+        self.workers = []
+
+
+# A worker: it dies with the parent (even on its kill -9), and leaves stop signals (a terminal's
+# Ctrl-C, a scheduler's SIGTERM to the process group) to the parent, which alone ends the run.
+# Each job's answer: (True, its result), or (False, the error's line).
+def work(pipe, parent):
     if sys.platform.startswith("linux"):
         # prctl(PR_SET_PDEATHSIG, SIGKILL)
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)
     if os.getppid() != parent:  # it died before prctl
         os._exit(1)
-    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
+    for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    while True:
+        fn, args = pipe.recv()
+        try:
+            answer = (True, fn(*args))
+        except Exception as e:
+            answer = (False, str(e) if isinstance(e, CorpusError) else f"{type(e).__name__}: {e}")
+        pipe.send(answer)
 
 
-# GPT-2: [<|endoftext|>] + the document's tokens (build-nanogpt's);
-# char: the document's characters, then a blank line's
+# GPT-2: [<|endoftext|>] + the document's tokens (build-nanogpt's); char: the document's characters,
+# then a blank line's
 def encode_document(vocab, doc):
     enc = make_tokenizer(vocab)
     if vocab is None:
@@ -456,31 +497,28 @@ def slice_chars(path, start, stop, text_field):
     return "".join(sorted(set("".join(read_slice(path, start, stop, text_field)))))
 
 
-# fn(*job) of each job by the pool, results in order: at most `ahead` jobs submitted beyond the
-# one awaited. A stop signal only records itself; it is looked at here, between results, and
-# while waiting (every 0.2 s).
-def in_order(pool, fn, jobs, ahead, stop):
-    jobs = iter(jobs)
+# fn(*job) of each job by the pool's workers, results in order: SLICES_AHEAD a worker submitted
+# beyond the one awaited
+def in_order(pool, fn, jobs, stop):
+    jobs = enumerate(jobs)
     pending = collections.deque()
-    for job in itertools.islice(jobs, ahead + 1):
-        pending.append(pool.submit(fn, *job))
+    for i, job in itertools.islice(jobs, SLICES_AHEAD * pool.size + 1):
+        pool.submit(i, fn, job)
+        pending.append(i)
     while pending:
-        future = pending.popleft()
-        stop.check()
-        while not future.done():
-            concurrent.futures.wait([future], timeout=0.2)
-            stop.check()
-        for job in itertools.islice(jobs, 1):
-            pending.append(pool.submit(fn, *job))
-        yield future.result()
+        result = pool.result(pending.popleft(), stop)
+        for i, job in itertools.islice(jobs, 1):
+            pool.submit(i, fn, job)
+            pending.append(i)
+        yield result
 
 
-# the char vocabulary: the sorted distinct characters of the files'
-# documents and of the blank line that ends each document
-def char_vocab(pool, paths, text_field, workers, stop):
+# the char vocabulary: the sorted distinct characters of the files' documents and of the blank line
+# that ends each document
+def char_vocab(pool, paths, text_field, stop):
     jobs = (job + (text_field,) for path in paths for job in plan_slices(path, text_field))
     chars = set("\n")
-    for found in in_order(pool, slice_chars, jobs, SLICES_AHEAD * workers, stop):
+    for found in in_order(pool, slice_chars, jobs, stop):
         chars.update(found)
     if len(chars) > 2**16:
         raise CorpusError(
@@ -551,9 +589,8 @@ def verify_shard(path, entry, vocab_size):
     return None
 
 
-# how many of the n tokens of a first file that fits in one shard
-# are val: about 10%, at the document start nearest to 10% if one
-# lies between 5% and 20%, else mid-document (1 token at least)
+# how many of the n tokens of a first file that fits in one shard are val: about 10%, at the
+# document start nearest to 10% if one lies between 5% and 20%, else mid-document (1 token at least)
 def small_val_size(n, starts):
     if n < 2:
         raise CorpusError("the first file holds no documents; val and train need some")
@@ -562,14 +599,15 @@ def small_val_size(n, starts):
     return min(near, key=lambda s: abs(s - target), default=target)
 
 
-# write(f) into a temp file beside path, fsync, rename over path: path is then
-# the whole new file, or what it was. A failed write (a full disk) leaves no
-# temp file behind, and its OSError names path. The temp name is fixed (a
-# rerun writes over what a killed run left), or with unique, the process's
-# own: for a file two programs may write at once.
+# write(f) into a temp file beside path (its directory made if need be), fsync, rename over
+# path: path is then the whole new file, or what it was. A failed write (a full disk) leaves no
+# temp file behind, and its OSError names path. The temp name is fixed (a rerun writes over
+# what a killed run left), or with unique, the process's own: for a file two programs may write
+# at once.
 def write_atomic(path, write, unique=False):
     tmp = path.with_name(f".{path.name}.tmp{os.getpid() if unique else ''}")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as f:
             write(f)
             f.flush()
@@ -592,12 +630,18 @@ def split_parts(parts, n):
     return head, []
 
 
-# The next part of file `index` (val if it is the first of all), added to its shard entries: the
-# bytes np.save writes for the tokens of `parts`, concatenated (its header, then the tokens),
-# written straight from the parts, and their sha256.
+# (file name, split) of part `part` of file `index`: the first part of the first file is val
+def shard_name(prefix, index, part):
+    split = "val" if index == part == 0 else "train"
+    return f"{prefix}_{split}_{index:04d}_{part:04d}.npy", split
+
+
+# The next part of file `index`, added to its shard entries: the bytes np.save writes for the
+# tokens of `parts`, concatenated (its header, then the tokens), written straight from the
+# parts, and their sha256.
 def save_shard(target, prefix, index, shards, parts):
-    split = "val" if index == len(shards) == 0 else "train"
-    path = target / f"{prefix}_{split}_{index:04d}_{len(shards):04d}.npy"
+    name, split = shard_name(prefix, index, len(shards))
+    path = target / name
     tokens = sum(len(part) for part in parts)
     digest = hashlib.sha256(npy_header(tokens))
     for part in parts:
@@ -620,9 +664,9 @@ def save_shard(target, prefix, index, shards, parts):
     )
 
 
-# build-nanogpt's packing, per file: parts of size tokens, the last
-# one the remainder (a document may span parts); returns their entries.
-# results: each slice's tokens and its documents' token counts, in order.
+# build-nanogpt's packing, per file: parts of size tokens, the last one the remainder (a document
+# may span parts); returns their entries. results: each slice's tokens and its documents' token
+# counts, in order.
 def write_shards(target, index, results, settings):
     size = settings["shard_size"]
     pending = []  # token arrays not in a shard yet
@@ -680,6 +724,8 @@ def manifest_problem(manifest):
         return "its vocab does not fit its tokenizer"
     if not isinstance(manifest.get("fingerprint"), str):
         return "no fingerprint"
+    if not isinstance(manifest.get("sources"), list):
+        return "no list of sources"
     if not isinstance(manifest.get("shards"), list) or not manifest["shards"]:
         return "no list of shards"
     for entry in manifest["shards"]:
@@ -689,8 +735,10 @@ def manifest_problem(manifest):
     return None
 
 
-# a done-record's problem, or None: a damaged one (edited, cut short) means its file is not done
-def record_problem(record):
+# The problem of the done-record of file `index`, or None: a damaged one (edited, cut short)
+# means its file is not done. Its shards must bear the names fineweb.py gives them: --overwrite's
+# swap deletes the old ones by these names.
+def record_problem(record, index):
     if not isinstance(record, dict) or not isinstance(record.get("settings"), dict):
         return "not a done-record"
     if not isinstance(record.get("source"), str) or not isinstance(record.get("size"), int):
@@ -699,48 +747,68 @@ def record_problem(record):
         return "its mtime_ns is not a number"
     if not isinstance(record.get("shards"), list):
         return "no list of shards"
-    for entry in record["shards"]:
+    for part, entry in enumerate(record["shards"]):
         problem = shard_entry_problem(entry)
         if problem:
             return problem
         if not isinstance(entry.get("bytes"), int) or entry["sha256"] is None:
             return f"shard {entry['file']}: no bytes or no sha256"
+        name, split = shard_name(record["settings"].get("prefix"), index, part)
+        if entry["file"] != name or entry["split"] != split:
+            return f"shard {entry['file']} is not the name of part {part} of file {index}"
     return None
 
 
-# the JSON in path, or (None, why not)
+# the JSON in path, or (None, why not); a FIFO or a device is not opened
 def read_json(path):
+    problem = file_problem(path)
+    if problem:
+        return None, problem
     try:
-        return json.loads(path.read_text()), None
+        with open(path, "rb") as f:
+            return json.loads(f.read()), None
     except (OSError, ValueError) as e:
         return None, f"{type(e).__name__}: {e}"
 
 
-# target's done-records by file index (names {file:04d}.done.json): the good ones, and the
-# paths of damaged ones with their problem
+# the manifest in root, or (None or what is there, why it is not a corpus's manifest)
+def read_manifest(root):
+    manifest, problem = read_json(root / MANIFEST)
+    return manifest, problem or manifest_problem(manifest)
+
+
+# the file index of a done-record at path ({file:04d}.done.json), or None
+def record_index(path):
+    name = path.name.removesuffix(".done.json")
+    return int(name) if re.fullmatch("[0-9]+", name) else None
+
+
+# target's done-records by file index: the good ones, and the paths of damaged ones with their
+# problem
 def read_records(target):
     records = {}
     damaged = {}
     for path in sorted(target.glob(".fineweb/*.done.json")):
+        index = record_index(path)
         record, problem = read_json(path)
-        problem = problem or record_problem(record)
-        if not path.name[:-10].isdigit():
+        if index is None:
             problem = "not a done-record's name"
+        problem = problem or record_problem(record, index)
         if problem:
             damaged[path] = problem
         else:
-            records[int(path.name[:-10])] = record
+            records[index] = record
     return records, damaged
 
 
-# why target's corpus or finished files are not what these settings
-# make (other settings, a source changed since), or None
+# why target's corpus or finished files are not what these settings make (other settings, a source
+# changed since), or None
 def check_corpus(target, settings):
     records, _ = read_records(target)
     # the first setting that differs, in the manifest or in a record
     made = [r["settings"] for r in records.values()]
-    manifest, problem = read_json(target / MANIFEST)
-    if (target / MANIFEST).exists() and not problem and not manifest_problem(manifest):
+    manifest, problem = read_manifest(target)
+    if not problem:
         made.append(manifest)
     key = next((k for old in made for k in settings if old.get(k) != settings[k]), None)
     if key:
@@ -755,32 +823,30 @@ def check_corpus(target, settings):
 # Damaged done-records and manifest go (their files are made again), and every shard of the done
 # files is checked by the pool (size, sha256, ids); a file whose shards changed loses its
 # record, to be tokenised again. The manifest goes first: the directory is unfinished from then.
-def repair(pool, target, settings, workers, stop):
+def repair(pool, target, settings, stop):
     records, damaged = read_records(target)
-    manifest, problem = read_json(target / MANIFEST)
-    if (target / MANIFEST).exists() and not problem:
-        problem = manifest_problem(manifest)
+    present = os.path.lexists(target / MANIFEST)
+    _, problem = read_manifest(target)
     vocab_size = len(settings["vocab"] or "") or GPT2_VOCAB_SIZE
     jobs = [(target / s["file"], s, vocab_size) for r in records.values() for s in r["shards"]]
     owners = [i for i, r in records.items() for _ in r["shards"]]
     bad = {}
-    for index, found in zip(owners, in_order(pool, verify_shard, jobs, workers, stop)):
+    for index, found in zip(owners, in_order(pool, verify_shard, jobs, stop)):
         if found and index not in bad:
             bad[index] = found
-    if (target / MANIFEST).exists() and problem:
-        print(f"{target / MANIFEST} is damaged ({problem}); writing it again")
-    if (target / MANIFEST).exists() and (problem or damaged or bad):
+    if present and problem:
+        say(f"{target / MANIFEST} is damaged ({problem}); writing it again")
+    if present and (problem or damaged or bad):
         (target / MANIFEST).unlink()
     for path, why in damaged.items():
-        print(f"{path} is damaged ({why}); its file is tokenised again")
+        say(f"{path} is damaged ({why}); its file is tokenised again")
         path.unlink()
     for index, found in bad.items():
-        print(f"{found}: tokenising {records[index]['source']} again")
+        say(f"{found}: tokenising {records[index]['source']} again")
         (target / ".fineweb" / f"{index:04d}.done.json").unlink()
 
 
-# manifest.json from the done-records: the shards, val first, and a
-# fingerprint over their sha256s
+# manifest.json from the done-records: the shards, val first, and a fingerprint over their sha256s
 def write_manifest(target, settings):
     records, _ = read_records(target)
     shards = [s for index in sorted(records) for s in records[index]["shards"]]
@@ -797,11 +863,10 @@ def write_manifest(target, settings):
     write_atomic(target / MANIFEST, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
 
 
-# put staging's finished corpus in place of out_dir's; each step may
-# be cut short and redone: the old manifest goes first (out_dir is
-# unfinished from then on), the new one comes last
-def swap_in(out_dir, staging):
-    new = json.loads((staging / MANIFEST).read_text())
+# Put staging's finished corpus (its manifest: new) in place of out_dir's. Each step may be cut
+# short and redone: the old manifest goes first (out_dir is unfinished from then on), the new
+# one comes last. What goes is fineweb.py's: the shards its done-records name, done-records.
+def swap_in(out_dir, staging, new):
     keep = {s["file"] for s in new["shards"]}
     records, _ = read_records(out_dir)
     old = {s["file"] for r in records.values() for s in r["shards"]}
@@ -809,7 +874,7 @@ def swap_in(out_dir, staging):
     for name in old - keep:
         (out_dir / name).unlink(missing_ok=True)
     for path in (out_dir / ".fineweb").glob("*.done.json"):
-        if not path.name[:-10].isdigit() or int(path.name[:-10]) >= len(new["sources"]):
+        if record_index(path) is None or record_index(path) >= len(new["sources"]):
             path.unlink()  # the rest are replaced
     for path in [*staging.glob("*.npy"), *(staging / ".fineweb").glob("*.json")]:
         os.replace(path, out_dir / path.relative_to(staging))
@@ -824,30 +889,28 @@ def file_problem(path):
         info = os.stat(path)
     except FileNotFoundError:
         return f"{path} is missing"
+    except OSError as e:
+        return f"cannot read {path}: {e.strerror}"
     if not stat.S_ISREG(info.st_mode):
         return f"{path} is not a regular file"
     return None
 
 
-# a shard's problem as load_corpus sees it without reading it: not a file, or not of the size
-# np.save gives its tokens
-def shard_file_problem(path, expected):
+# path opened to read, once file_problem finds it a regular file: a FIFO or a device is never
+# opened. Every reader of an input goes through here.
+def open_file(path):
     problem = file_problem(path)
     if problem:
-        return problem
-    size = os.path.getsize(path)
-    if size != expected:
-        sizes = f"{size:,} bytes, expected {expected:,}"
-        return f"{path} changed since fineweb.py wrote it ({sizes})"
-    return None
+        raise CorpusError(problem)
+    return open(path, "rb")
 
 
 # the tokens of a shard of build-nanogpt's (no manifest), from its header; a one-line ValueError
 # if it is not a whole .npy file of uint16 tokens
 def nanogpt_tokens(path):
-    # is_file() looks without opening: a FIFO would block for good
-    if not path.is_file():
-        raise ValueError(f"{path} is not a regular file; make the corpus again with fineweb.py")
+    problem = file_problem(path)
+    if problem:
+        raise ValueError(f"{problem}; make the corpus again with fineweb.py")
     try:
         with open(path, "rb") as f:
             tokens, offset = npy_layout(f)
@@ -871,17 +934,20 @@ def load_corpus(data_root):
     reads them). build-nanogpt's shards without a manifest get one made
     up (GPT-2 tokens, dataset None, a "note")."""
     root = Path(data_root)
-    if (root / MANIFEST).is_file():
-        manifest, problem = read_json(root / MANIFEST)
-        problem = problem or manifest_problem(manifest)
+    if os.path.lexists(root / MANIFEST):
+        manifest, problem = read_manifest(root)
         if problem:
             raise ValueError(
                 f"{root / MANIFEST} is damaged ({problem}); "
                 "rerun the fineweb.py command that made it"
             )
         for entry in manifest["shards"]:
+            path = root / entry["file"]
             expected = len(npy_header(entry["tokens"])) + 2 * entry["tokens"]
-            problem = shard_file_problem(root / entry["file"], expected)
+            problem = file_problem(path)
+            if not problem and os.path.getsize(path) != expected:
+                sizes = f"{os.path.getsize(path):,} bytes, expected {expected:,}"
+                problem = f"{path} changed since fineweb.py wrote it ({sizes})"
             if problem:
                 raise ValueError(f"{problem}; rerun fineweb.py")
         return manifest
@@ -908,6 +974,14 @@ def load_corpus(data_root):
 # -----------------------------------------------------------------------------
 # The command line
 
+
+# the CPUs this process may run on (its affinity: what a scheduler or taskset gave it)
+def usable_cpus():
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 # (flag, argparse's options)
 FLAGS = [
     ("--local", dict(nargs="+", metavar="FILE", help=".txt/.jsonl/.parquet files, in order")),
@@ -921,7 +995,7 @@ FLAGS = [
     ("--out_dir", dict(help="default: edu_fineweb10B, or data/{first file's stem}")),
     ("--prefix", dict(default="edufineweb", help="of shard names (%(default)s)")),
     ("--shard_size", dict(type=int, default=10**8, help="tokens (%(default)s)")),
-    ("--workers", dict(type=int, default=os.cpu_count(), help="processes (%(default)s)")),
+    ("--workers", dict(type=int, default=usable_cpus(), help="processes (%(default)s)")),
     ("--overwrite", dict(action="store_true", help="rebuild beside, then swap in")),
 ]
 
@@ -940,15 +1014,29 @@ def parse_args(argv):
     args = parser.parse_args(argv)
     if args.tokenizer == "char" and args.local is None:
         parser.error("--tokenizer char needs --local files (for its vocabulary)")
-    if min(args.shard_size, args.workers) < 1:
-        parser.error("--shard_size and --workers must be positive")
+    # the prefix starts every shard's name in --out_dir: a name, never a path out of it
+    if not re.fullmatch(r"[\w.-]{1,100}", args.prefix):
+        parser.error(
+            f"--prefix {args.prefix!r} must be a plain name (up to 100 letters, digits, "
+            "'.', '_' or '-'), not a path: shards go in --out_dir"
+        )
+    # counts a typo cannot take past what the machine holds
+    if not 1 <= args.shard_size <= SHARD_SIZE_MAX:
+        parser.error(
+            f"--shard_size {args.shard_size:,} must be between 1 and {SHARD_SIZE_MAX:,} tokens: "
+            "a shard's tokens are held in memory until it is written (2 bytes each)"
+        )
+    if not 1 <= args.workers <= usable_cpus():
+        parser.error(
+            f"--workers {args.workers:,} must be between 1 and {usable_cpus()}, the CPUs this "
+            "process may use: more workers would only wait for them"
+        )
     return args
 
 
-# A stop signal's request. Its handler only records it (an exception raised inside the pool's
-# code could leave the pool broken): the main loop looks at it between results, and the run
-# then ends as Ctrl-C ends it, by a KeyboardInterrupt. Inside at_once() (a download: nothing of
-# the pool's in flight) it ends the run at once.
+# A stop signal's request. Its handler only records it: the main loop looks at it between
+# results, and the run then ends as Ctrl-C ends it, by a KeyboardInterrupt. Inside at_once() (a
+# download, a wait for the lock: nothing of the pool's in flight) it ends the run at once.
 class Stop:
     def __init__(self):
         self.name = None  # the signal that asked
@@ -974,13 +1062,22 @@ class Stop:
             self.immediate = False
 
 
+# a line on stdout; a stdout that fails (a full disk, a closed pipe) ends the printing, not the
+# run: the corpus is what must survive
+def say(line):
+    try:
+        print(line, flush=True)
+    except OSError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
 # path's documents into target's shards, by the pool's workers, in order
-def tokenize_file(pool, path, target, index, settings, workers, desc, stop):
+def tokenize_file(pool, path, target, index, settings, desc, stop):
     from tqdm import tqdm
 
     text_field = settings["text_field"]
     jobs = (job + (text_field, settings["vocab"]) for job in plan_slices(path, text_field))
-    results = in_order(pool, encode_slice, jobs, SLICES_AHEAD * workers, stop)
+    results = in_order(pool, encode_slice, jobs, stop)
     with tqdm(desc=desc, unit="tok", unit_scale=True, disable=None) as progress:
         return write_shards(target, index, counted(results, progress), settings)
 
@@ -992,12 +1089,25 @@ def counted(results, progress):
         yield tokens, lengths
 
 
-# tokenise each file not done yet into target, then write its
-# done-record; last, the manifest
+# --free: the hub's copy of a file done, deleted: the file in --download_dir, or the hub cache's
+# link and the blob it points to in the cache. A link to a file elsewhere (the user's) loses the
+# link only.
+def free_download(path, repo, download_dir):
+    from huggingface_hub import constants
+    from huggingface_hub.file_download import repo_folder_name
+
+    blob = Path(os.path.realpath(path))
+    os.remove(path)
+    folder = repo_folder_name(repo_id=repo, repo_type="dataset")
+    blobs = Path(os.path.realpath(os.path.join(constants.HF_HUB_CACHE, folder, "blobs")))
+    if download_dir is None and blob.parent == blobs:
+        os.remove(blob)
+
+
+# tokenise each file not done yet into target, then write its done-record; last, the manifest
 def build(pool, args, target, settings, stop):
     from huggingface_hub import hf_hub_download
 
-    (target / ".fineweb").mkdir(parents=True, exist_ok=True)
     for index, source in enumerate(settings["sources"]):
         record_file = target / ".fineweb" / f"{index:04d}.done.json"
         if record_file.exists():
@@ -1012,7 +1122,7 @@ def build(pool, args, target, settings, stop):
                 )
         info = os.stat(path)
         desc = f"{index + 1}/{len(settings['sources'])} {Path(source).name}"
-        shards = tokenize_file(pool, path, target, index, settings, args.workers, desc, stop)
+        shards = tokenize_file(pool, path, target, index, settings, desc, stop)
         record = {
             "source": source,
             "size": info.st_size,
@@ -1021,23 +1131,48 @@ def build(pool, args, target, settings, stop):
             "shards": shards,
         }
         write_atomic(record_file, lambda f: f.write(json.dumps(record, indent=1).encode()))
-        print(f"{desc}: {sum(s['tokens'] for s in shards):,} tokens")
-        # the hub cache's link and its blob, or a --download_dir file
+        say(f"{desc}: {sum(s['tokens'] for s in shards):,} tokens")
         if args.free and not args.local:
-            for file in {os.path.realpath(path), os.path.abspath(path)}:
-                os.remove(file)
+            free_download(path, args.repo, args.download_dir)
     write_manifest(target, settings)
+
+
+# Out_dir's lock held while the block runs: one run at a time writes out_dir. Another run
+# holding it is refused, or with wait, waited for. A .lock that is not a regular file is not
+# opened (a FIFO would block for good).
+@contextlib.contextmanager
+def locked(out_dir, wait, stop):
+    problem = file_problem(out_dir / ".lock")
+    if problem and os.path.lexists(out_dir / ".lock"):
+        raise CorpusError(f"{problem}; remove it (fineweb.py's lock file has its name)")
+    try:
+        (out_dir / ".fineweb").mkdir(parents=True, exist_ok=True)
+        lock = open(out_dir / ".lock", "a")
+    except OSError as e:
+        raise OSError(f"cannot write {out_dir}: {e}") from None
+    with lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if not wait:
+                raise CorpusError(f"another fineweb.py run is writing {out_dir}") from None
+            say(f"waiting for another fineweb.py run writing {out_dir}")
+            with stop.at_once():
+                fcntl.flock(lock, fcntl.LOCK_EX)
+        except OSError:
+            say(f"warning: {out_dir} has no file locks; run one fineweb.py at a time")
+        yield
 
 
 # the sources and settings, then under out_dir's lock: finish a swap
 # cut short, refuse what the settings would not make, check what is
 # done, build, swap in; state tells main where the files go and how many there are
-def run(args, pool, state, stop):
+def run(args, pool, state, stop, wait):
     out_dir = Path(
         args.out_dir or (f"data/{Path(args.local[0]).stem}" if args.local else "edu_fineweb10B")
     )
     # a manifest.json fineweb.py did not write (it writes .fineweb/ first) is the user's
-    if (out_dir / MANIFEST).exists() and not (out_dir / ".fineweb").is_dir():
+    if os.path.lexists(out_dir / MANIFEST) and not (out_dir / ".fineweb").is_dir():
         raise CorpusError(
             f"{out_dir} holds files that are not fineweb.py's ({MANIFEST}); pick another --out_dir"
         )
@@ -1047,12 +1182,12 @@ def run(args, pool, state, stop):
         with stop.at_once():
             sources = hub_files(args.repo, args.files, args.download_dir)
     state["files"] = len(sources)
-    # GPT-2's tokenizer is built here, before the first job starts the workers: they share it
+    # GPT-2's tokenizer is built here, before the first job starts a worker: they share it
     if args.tokenizer == "gpt2":
         get_tokenizer()
     vocab = None
     if args.tokenizer == "char":
-        vocab = char_vocab(pool, sources, args.text_field, args.workers, stop)
+        vocab = char_vocab(pool, sources, args.text_field, stop)
     # the dataset recorded: FineWeb-Edu, another repo's id, or local
     name = "fineweb-edu" if args.repo == "HuggingFaceFW/fineweb-edu" else args.repo
     settings = {
@@ -1066,16 +1201,10 @@ def run(args, pool, state, stop):
         "sources": sources,
     }
     staging = out_dir / ".fineweb" / "staging"
-    staging.parent.mkdir(parents=True, exist_ok=True)
-    with open(out_dir / ".lock", "a") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise CorpusError(f"another fineweb.py run is writing {out_dir}") from None
-        except OSError:
-            print(f"warning: {out_dir} has no file locks; run one fineweb.py at a time")
-        if (staging / MANIFEST).is_file():  # an --overwrite stopped while swapping
-            swap_in(out_dir, staging)
+    with locked(out_dir, wait, stop):
+        new, problem = read_manifest(staging)
+        if not problem:  # an --overwrite stopped while swapping
+            swap_in(out_dir, staging, new)
         state["target"] = staging if args.overwrite else out_dir
         problem = check_corpus(state["target"], settings)
         if problem and not args.overwrite:
@@ -1083,48 +1212,42 @@ def run(args, pool, state, stop):
         if problem:  # an earlier --overwrite's, with other settings
             shutil.rmtree(staging)
         if state["target"].is_dir():
-            repair(pool, state["target"], settings, args.workers, stop)
-        done = (out_dir / MANIFEST).is_file() and not args.overwrite
+            repair(pool, state["target"], settings, stop)
+        _, problem = read_manifest(out_dir)
+        done = not problem and not args.overwrite
         if not done:
             build(pool, args, state["target"], settings, stop)
         if args.overwrite:
-            swap_in(out_dir, staging)
-    manifest = json.loads((out_dir / MANIFEST).read_text())
-    print(
+            swap_in(out_dir, staging, read_manifest(staging)[0])
+        manifest, _ = read_manifest(out_dir)
+    say(
         f"{out_dir}: {'finished already, its shards verified' if done else 'done'} "
         f"({manifest['tokens']:,} tokens, {len(manifest['shards'])} shards)"
     )
     return manifest
 
 
-# the command line; returns the manifest
-def main(argv=None):
+def main(argv=None, wait=False):
+    """The command line; returns the manifest of the corpus made. A bad input, a stop signal or
+    a failure ends it by SystemExit with its one line (the signal handlers it took given back,
+    its workers ended). wait: when another fineweb.py run holds --out_dir, wait for it (as
+    train_gpt2.py does, making a preset's corpus) instead of refusing."""
     args = parse_args(argv)
     state = {"target": None, "files": 0}
-    # a stop signal ignored at start (as nohup's SIGHUP) stays ignored;
-    # the old handlers come back after
+    # a stop signal ignored at start (as nohup's SIGHUP) stays ignored; the old handlers come back
+    # after
     stop = Stop()
     old = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     for sig in [sig for sig in STOP_SIGNALS if old[sig] != signal.SIG_IGN]:
         signal.signal(sig, stop.handle)
-    # on Linux fork, for prctl's tie to us; processes start at the first job
-    context = multiprocessing.get_context("fork" if sys.platform == "linux" else None)
-    pool = concurrent.futures.ProcessPoolExecutor(
-        args.workers, context, initializer=init_worker, initargs=(os.getpid(),)
-    )
+    pool = Pool(args.workers)
     try:
-        return run(args, pool, state, stop)
+        return run(args, pool, state, stop, wait)
     except KeyboardInterrupt as e:
         sys.exit(
             f"fineweb.py: stopped ({e}); {files_done(state)}; run the same command to continue"
         )
-    except concurrent.futures.process.BrokenProcessPool:
-        # a SIGTERM to the process group ends the workers too: that is a stop
-        if stop.name:
-            sys.exit(
-                f"fineweb.py: stopped ({stop.name}); {files_done(state)}; "
-                "run the same command to continue"
-            )
+    except WorkerDied:
         sys.exit(
             "fineweb.py: error: a worker died (killed, or out of memory?); "
             f"{files_done(state)}: run the same command to continue"
@@ -1134,8 +1257,7 @@ def main(argv=None):
         reason = e if isinstance(e, (CorpusError, OSError)) else f"{type(e).__name__}: {e}"
         sys.exit(f"fineweb.py: error: {str(reason).splitlines()[0]}")
     finally:
-        # what is queued is dropped; what the workers hold they finish (a slice each)
-        pool.shutdown(cancel_futures=True)
+        pool.close()
         for sig in STOP_SIGNALS:
             signal.signal(sig, old[sig])
 

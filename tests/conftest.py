@@ -118,8 +118,9 @@ def command_of(program, args):
     return [str(a) for a in prefix] + [str(a) for a in args]
 
 
-def run_program(program, args=(), timeout=PATIENCE, env=None, cwd=ROOT):
-    """python PROGRAM ARGS as a real process, to its end, its output captured."""
+def run_program(program, args=(), timeout=PATIENCE, env=None, cwd=ROOT, preexec_fn=None):
+    """python PROGRAM ARGS as a real process, to its end, its output captured; preexec_fn: its
+    set-up (default_signals at least)."""
     return subprocess.run(
         command_of(program, args),
         cwd=cwd,
@@ -127,7 +128,7 @@ def run_program(program, args=(), timeout=PATIENCE, env=None, cwd=ROOT):
         capture_output=True,
         text=True,
         timeout=timeout,
-        preexec_fn=default_signals,
+        preexec_fn=preexec_fn or default_signals,
     )
 
 

@@ -6,9 +6,12 @@ import errno
 import fcntl
 import hashlib
 import json
+import multiprocessing
 import os
+import resource
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -21,12 +24,14 @@ from conftest import (
     PATIENCE,
     ROOT,
     child_env,
+    command_of,
     default_signals,
     descendants,
     finish,
     group_left,
     main_error,
     one_line_error,
+    output,
     run_program,
     start,
     wait_for,
@@ -100,6 +105,16 @@ def run_main(*args):
 def hub_env(tmp_path):
     """A real process's environment, offline, its hub cache in tmp_path."""
     return child_env(HF_HOME=str(tmp_path / "hf"), HF_HUB_CACHE=str(tmp_path / "hf" / "hub"))
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_behind():
+    """fineweb.main in this process gives back the signal handlers it took and ends its
+    workers, however it ends."""
+    handlers = [signal.getsignal(sig) for sig in fineweb.STOP_SIGNALS]
+    yield
+    assert [signal.getsignal(sig) for sig in fineweb.STOP_SIGNALS] == handlers
+    assert not multiprocessing.active_children()
 
 
 @pytest.fixture
@@ -235,9 +250,12 @@ def test_bad_input_is_one_line(tmp_path, small_slices, name, content, extra, mes
 def test_the_command_lines_errors_are_one_line_on_stderr(tmp_path):
     bad = tmp_path / "c.jsonl"
     bad.write_text(GOOD * 2000 + "{\n")  # line 60,001, in a later slice than the first
+    cpus = len(os.sched_getaffinity(0))
     cases = [
         (["--local", bad, "--out_dir", tmp_path / "out"], "c.jsonl:60001: not a JSON object"),
-        (["--local", bad, "--shard_size", 0], "--shard_size and --workers must be positive"),
+        (["--local", bad, "--shard_size", 0], "--shard_size 0 must be between 1 and 1,000,000,000"),
+        (["--local", bad, "--shard_size", 10**10], "tokens are held in memory until it is written"),
+        (["--local", bad, "--workers", 100_000], f"--workers 100,000 must be between 1 and {cpus}"),
         (["--local", bad, "--workers", "two"], "argument --workers: invalid int value"),
         (["--local", bad, "--out", "x"], "unrecognized arguments: --out"),
         (["--tokenizer", "char"], "--tokenizer char needs --local files"),
@@ -246,6 +264,20 @@ def test_the_command_lines_errors_are_one_line_on_stderr(tmp_path):
         proc = run_program("fineweb.py", args)
         one_line_error(proc.returncode, proc.stderr, "fineweb.py", message)
     assert not list((tmp_path / "out").glob("*.npy"))
+
+
+def test_prefix_is_a_name_never_a_path(tmp_path):
+    # a file of the user's where --prefix ../victim would put the val shard stays as it was
+    text = write_txt(tmp_path / "a.txt", make_docs(5))
+    victim = tmp_path / "d" / "victim_val_0000_0000.npy"
+    victim.parent.mkdir()
+    victim.write_text("mine")
+    for prefix in ["../victim", "a/b"]:
+        args = ["--local", text, "--prefix", prefix, "--out_dir", tmp_path / "d" / "sub"]
+        proc = run_program("fineweb.py", args)
+        one_line_error(proc.returncode, proc.stderr, "fineweb.py", f"--prefix {prefix!r}")
+    assert victim.read_text() == "mine"
+    assert files_of(tmp_path / "d") == {"victim_val_0000_0000.npy": b"mine"}
 
 
 # -----------------------------------------------------------------------------
@@ -300,7 +332,10 @@ def test_token_byte_lengths():
 # Shards, manifest, the val split
 
 
-def test_shards_are_the_same_at_any_workers_and_those_of_the_reference(tmp_path, small_slices):
+def test_shards_are_the_same_at_any_workers_and_those_of_the_reference(
+    tmp_path, monkeypatch, small_slices
+):
+    monkeypatch.setattr(fineweb, "usable_cpus", lambda: 3)  # 3 workers on any machine
     # three kinds of files, each read in many slices; documents span shards of 700 tokens
     docs = [make_docs(40, seed) for seed in range(3)]
     inputs = [
@@ -538,6 +573,51 @@ def test_load_corpus_of_build_nanogpts_shards(tmp_path):
         fineweb.load_corpus(nano)
 
 
+# What is not a regular file where fineweb.py reads one: the file it becomes (a FIFO, or a link
+# to a device), and what the run says. Never opened (a FIFO blocks its reader for good, a device
+# never ends): an input or the lock is refused; fineweb.py's own files are made again.
+NOT_FILES = [
+    ("an input", "fineweb.py: error: IN: no such .txt, .jsonl or .parquet file"),
+    ("a device input", "fineweb.py: error: IN: no such .txt, .jsonl or .parquet file"),
+    ("the lock", "fineweb.py: error: OUT/.lock is not a regular file; remove it"),
+    ("the manifest", "OUT/manifest.json is damaged (OUT/manifest.json is not a regular file)"),
+    ("a done-record", "OUT/.fineweb/0000.done.json is damaged (OUT/.fineweb/0000.done.json is"),
+    ("a shard", "OUT/edufineweb_train_0000_0001.npy is not a regular file: tokenising IN again"),
+]
+
+
+@pytest.mark.parametrize("what, message", NOT_FILES, ids=[c[0] for c in NOT_FILES])
+def test_what_is_not_a_regular_file_is_never_opened(tmp_path, finished, capsys, what, message):
+    out = tmp_path / "out"
+    shutil.copytree(finished, out)
+    source = fineweb.load_corpus(out)["sources"][0]
+    args = ["--local", source, "--out_dir", out, "--shard_size", 1000, "--workers", 1]
+    paths = {
+        "an input": tmp_path / "in.jsonl",
+        "a device input": tmp_path / "in.jsonl",
+        "the lock": out / ".lock",
+        "the manifest": out / "manifest.json",
+        "a done-record": out / ".fineweb" / "0000.done.json",
+        "a shard": out / "edufineweb_train_0000_0001.npy",
+    }
+    path = paths[what]
+    path.unlink(missing_ok=True)
+    if what == "a device input":
+        path.symlink_to("/dev/zero")
+    else:
+        os.mkfifo(path)
+    if what.endswith("input"):
+        args[1] = path
+    message = message.replace("OUT", str(out)).replace("IN", str(args[1]))
+    if message.startswith("fineweb.py: error: "):
+        assert main_error(fineweb.main, args).startswith(message)
+        return
+    capsys.readouterr()
+    run_main(*args)
+    assert message in capsys.readouterr().out
+    assert files_of(out) == files_of(finished)
+
+
 # -----------------------------------------------------------------------------
 # Reruns: a finished corpus, other settings, changed files
 
@@ -607,6 +687,64 @@ def test_a_rerun_makes_again_the_files_whose_shards_or_records_changed(tmp_path,
     assert files_of(out) == before
 
 
+def test_a_done_record_names_only_fineweb_pys_shards(tmp_path, capsys):
+    # a done-record edited to name a file of the user's in out_dir: the record is damaged (its
+    # file is tokenised again), and --overwrite's swap, which deletes the old corpus's shards by
+    # the records' names, leaves the user's file alone
+    a = write_jsonl(tmp_path / "a.jsonl", make_docs(30, 1))
+    out = tmp_path / "out"
+    args = ["--local", a, "--out_dir", out, "--workers", 1]
+    run_main(*args, "--shard_size", 400)
+    (out / "mine.npy").write_bytes(b"mine")
+    record = out / ".fineweb" / "0000.done.json"
+    edited = json.loads(record.read_text())
+    edited["shards"][1]["file"] = "mine.npy"
+    record.write_text(json.dumps(edited))
+    capsys.readouterr()
+    run_main(*args, "--shard_size", 400)
+    assert "0000.done.json is damaged (shard mine.npy is not the name of part 1 of file 0)" in (
+        capsys.readouterr().out
+    )
+    record.write_text(json.dumps(edited))
+    run_main(*args, "--shard_size", 500, "--overwrite")
+    assert (out / "mine.npy").read_bytes() == b"mine"
+    assert fineweb.load_corpus(out)["shard_size"] == 500
+
+
+def test_more_shards_than_files_it_may_open(tmp_path):
+    # each file fineweb.py opens is closed once read or written: with 64 files open at most, a
+    # corpus of some 190 shards builds, and a rerun verifies every shard
+    text = write_txt(tmp_path / "t.txt", make_docs(60, 2))
+    args = ["--local", text, "--tokenizer", "char", "--shard_size", 50]
+    args += ["--out_dir", tmp_path / "o"]
+
+    def few_files():
+        default_signals()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+
+    for _ in range(2):
+        proc = run_program("fineweb.py", args, preexec_fn=few_files)
+        assert proc.returncode == 0, proc.stderr
+    assert "finished already, its shards verified" in proc.stdout
+    assert len(fineweb.load_corpus(tmp_path / "o")["shards"]) > 2 * 64
+
+
+def test_a_failed_write_names_its_file_and_a_failed_stdout_ends_only_the_printing(tmp_path):
+    a = write_jsonl(tmp_path / "a.jsonl", make_docs(5))
+    out = tmp_path / "a.jsonl" / "out"  # its directory cannot be made
+    message = main_error(fineweb.main, ["--local", a, "--out_dir", out])
+    assert message.startswith(f"fineweb.py: error: cannot write {out}: [Errno 20] Not a directory")
+    # stdout a pipe nobody reads any more
+    read, write = os.pipe()
+    os.close(read)
+    args = ["--local", a, "--out_dir", tmp_path / "out"]
+    pipes = dict(stdout=write, stderr=subprocess.PIPE, env=child_env(), cwd=ROOT)
+    proc = subprocess.run(command_of("fineweb.py", args), timeout=PATIENCE, **pipes)
+    os.close(write)
+    assert proc.returncode == 0, proc.stderr
+    assert fineweb.load_corpus(tmp_path / "out")["sources"] == [str(a)]
+
+
 def test_one_run_per_out_dir(tmp_path):
     a = write_jsonl(tmp_path / "a.jsonl", make_docs(5))
     out = tmp_path / "out"
@@ -615,6 +753,31 @@ def test_one_run_per_out_dir(tmp_path):
         fcntl.flock(lock, fcntl.LOCK_EX)
         message = main_error(fineweb.main, ["--local", a, "--out_dir", out])
     assert message == f"fineweb.py: error: another fineweb.py run is writing {out}"
+
+
+WAIT = "import sys, fineweb; fineweb.main(sys.argv[1:], wait=True)"  # as train_gpt2.py calls it
+
+
+def test_with_wait_a_run_waits_for_another_then_the_corpus_is_the_command_lines(tmp_path):
+    # two processes make one corpus at once, both waiting for a run of a third's: one makes it,
+    # the other finds it finished; both end well, with the bytes of the command line's corpus
+    docs = write_txt(tmp_path / "docs.txt", make_docs(300, 5))
+    args = ["--local", docs, "--tokenizer", "char", "--workers", 1]
+    out = tmp_path / "out"
+    out.mkdir()
+    with open(out / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        procs = [start([sys.executable, "-c", WAIT], [*args, "--out_dir", out]) for _ in "ab"]
+        for proc in procs:
+            waiting = f"waiting for another fineweb.py run writing {out}\n"
+            wait_for(lambda: output(proc)[0] == waiting, proc)
+    ends = [finish(proc) for proc in procs]
+    assert [end[0] for end in ends] == [0, 0], ends
+    verified = ["finished already, its shards verified" in end[1] for end in ends]
+    assert sorted(verified) == [False, True]  # one made it, the other found it made
+    cli = run_program("fineweb.py", [*args, "--out_dir", tmp_path / "cli"])
+    assert cli.returncode == 0, cli.stderr
+    assert files_of(out) == files_of(tmp_path / "cli")
 
 
 def test_a_filesystem_without_locks_is_a_warning(tmp_path, monkeypatch, capsys):
@@ -638,7 +801,7 @@ def swap_cut_short_after(monkeypatch, renames):
     real_swap = fineweb.swap_in
     real_replace = os.replace
 
-    def swap(out_dir, staging):
+    def swap(*args):
         calls = []
 
         def replace(src, dst):
@@ -649,7 +812,7 @@ def swap_cut_short_after(monkeypatch, renames):
 
         monkeypatch.setattr(fineweb.os, "replace", replace)
         try:
-            real_swap(out_dir, staging)
+            real_swap(*args)
         finally:
             monkeypatch.setattr(fineweb.os, "replace", real_replace)
 
@@ -739,10 +902,10 @@ def test_a_stop_ends_the_run_between_slices_and_the_same_command_continues(
 
 
 @pytest.fixture(scope="module")
-def many(tmp_path_factory):
-    """6 files of ~2.5 MB (several slices each), and the corpus of an uninterrupted run."""
-    d = tmp_path_factory.mktemp("many")
-    inputs = [write_jsonl(d / f"f{i}.jsonl", make_docs(4000, i, (80, 120))) for i in range(6)]
+def four(tmp_path_factory):
+    """4 files of two slices each, and the corpus of an uninterrupted run."""
+    d = tmp_path_factory.mktemp("four")
+    inputs = [write_jsonl(d / f"f{i}.jsonl", make_docs(2400, i, (80, 120))) for i in range(4)]
     args = ["--local", *inputs, "--shard_size", 200_000, "--workers", 2]
     run_main(*args, "--out_dir", d / "ref")
     return args, d / "ref"
@@ -759,33 +922,111 @@ def mid_file(out, proc, index=1):
 
 
 @pytest.mark.slow
-def test_sigterm_to_the_process_group_then_the_same_command_equals_a_whole_run(tmp_path, many):
-    # the workers get it too (as from Slurm or systemd), and leave it to the parent
-    args, ref = many
+def test_sigterm_to_the_process_group_at_20_moments_ends_each_run_and_the_same_command_finishes(
+    tmp_path, four
+):
+    # As a scheduler stops a job (Slurm, systemd: a SIGTERM to the whole process group), at 20
+    # seeded moments of real runs, each run going on from where the last one stopped: each ends
+    # within seconds with its one line and leaves no process behind, every file it kept is the
+    # uninterrupted run's, and the same command then finishes with the uninterrupted run's bytes.
+    args, ref = four
+    whole = files_of(ref)
     out = tmp_path / "out"
+    # an uninterrupted run: the command line's bytes are main()'s, and how long a run lasts
     proc = start_fineweb([*args, "--out_dir", out])
-    mid_file(out, proc)
-    workers = descendants(proc.pid)
+    wait_for(lambda: (out / ".lock").exists(), proc)
+    began = time.monotonic()
+    assert finish(proc)[0] == 0 and files_of(out) == whole
+    length = time.monotonic() - began
+    shutil.rmtree(out)
+    for moment in np.random.default_rng(0).uniform(0, length, 20):
+        (out / ".lock").unlink(missing_ok=True)
+        proc = start_fineweb([*args, "--out_dir", out])
+        wait_for(lambda: (out / ".lock").exists(), proc)  # it has begun
+        time.sleep(moment)
+        os.killpg(proc.pid, signal.SIGTERM)
+        signalled = time.monotonic()
+        returncode, _, err = finish(proc)
+        assert time.monotonic() - signalled < 10
+        assert not group_left(proc.pid)
+        if returncode == 1:
+            done = len(list((out / ".fineweb").glob("*.done.json")))
+            assert err == (
+                f"fineweb.py: stopped (SIGTERM); {done} of 4 files done and kept; "
+                "run the same command to continue\n"
+            )
+            assert files_of(out).items() <= whole.items()
+        else:  # finished before the signal (or ended by it once finished): a whole corpus
+            assert returncode in (0, -signal.SIGTERM) and files_of(out) == whole, err
+            shutil.rmtree(out)
+    run_main(*args[:-1], 1, "--out_dir", out)  # --workers may differ
+    assert files_of(out) == whole
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory):
+    """One file of ~7 MB: 7 slices, each one's tokens far more than a pipe holds."""
+    return write_jsonl(tmp_path_factory.mktemp("big") / "big.jsonl", make_docs(14000, 7, (80, 120)))
+
+
+def test_a_sigterm_while_the_workers_send_their_results_ends_the_run(tmp_path, big):
+    # fineweb.py stopped (SIGSTOP) while slices are in flight: its workers finish theirs and
+    # block, halfway through sending the tokens. A SIGTERM to the group then, and fineweb.py
+    # continued, must end in its one line. (concurrent.futures' pool, whose workers died of the
+    # SIGTERM halfway through a result, waited for the rest of it for good.)
+    out = tmp_path / "out"
+    args = ["--local", big, "--shard_size", 200_000, "--workers", 2, "--out_dir", out]
+    proc = start_fineweb(args)
+    wait_for(lambda: list(out.glob("*_0000_0001.npy")), proc)
+    os.kill(proc.pid, signal.SIGSTOP)
+    time.sleep(1)
     os.killpg(proc.pid, signal.SIGTERM)
-    returncode, _, err = finish(proc)
-    done = len(list((out / ".fineweb").glob("*.done.json")))
-    assert returncode == 1 and 1 <= done < 6
-    assert err.strip().splitlines() == [
-        f"fineweb.py: stopped (SIGTERM); {done} of 6 files done and kept; "
-        "run the same command to continue"
-    ]
-    assert len(workers) == 2 and not group_left(proc.pid)
-    with pytest.raises(ValueError, match="is unfinished"):
-        fineweb.load_corpus(out)
-    proc = run_program("fineweb.py", [*args[:-1], 1, "--out_dir", out])  # --workers may differ
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines()[0].startswith(f"{done + 1}/6 ")  # the first unfinished file
-    assert files_of(out) == files_of(ref)
+    os.kill(proc.pid, signal.SIGCONT)
+    returncode, _, err = finish(proc, timeout=30)
+    assert returncode == 1 and err == (
+        "fineweb.py: stopped (SIGTERM); 0 of 1 files done and kept; run the same command to "
+        "continue\n"
+    )
+    assert not group_left(proc.pid)
+
+
+def test_a_worker_that_dies_at_any_moment_ends_the_wait_for_it():
+    stop = fineweb.Stop()
+    pool = fineweb.Pool(2)
+    try:
+        # worker 0 killed halfway through sending 8 MB, more than its pipe holds
+        pool.submit(0, np.zeros, (2**22, np.uint16))
+        pool.submit(1, np.zeros, (10, np.uint16))
+        assert pool.workers[0][1].poll(PATIENCE)
+        os.kill(pool.workers[0][0].pid, signal.SIGKILL)
+        with pytest.raises(fineweb.WorkerDied):
+            pool.result(0, stop)
+        assert len(pool.result(1, stop)) == 10
+        with pytest.raises(fineweb.WorkerDied):  # a job for it
+            pool.submit(2, np.zeros, (10, np.uint16))
+    finally:
+        pool.close()
+
+
+def test_no_more_workers_than_slices_in_flight(tmp_path, monkeypatch, small_slices):
+    monkeypatch.setattr(fineweb, "usable_cpus", lambda: 8)
+    started = []
+    real_close = fineweb.Pool.close
+
+    def close(pool):
+        started.append(len(pool.workers))
+        real_close(pool)
+
+    monkeypatch.setattr(fineweb.Pool, "close", close)
+    two = write_jsonl(tmp_path / "two.jsonl", make_docs(3, 1, (40, 41)))  # two slices
+    assert len(list(fineweb.plan_slices(two, "text"))) == 2
+    run_main("--local", two, "--out_dir", tmp_path / "out", "--workers", 8)
+    assert started == [2]
 
 
 @pytest.mark.slow
-def test_ctrl_c_stops_and_a_hangup_under_nohup_does_not(tmp_path, many):
-    args, ref = many
+def test_ctrl_c_stops_and_a_hangup_under_nohup_does_not(tmp_path, four):
+    args, ref = four
     out = tmp_path / "int"
     proc = start_fineweb([*args, "--out_dir", out])
     mid_file(out, proc)
@@ -811,8 +1052,8 @@ def test_ctrl_c_stops_and_a_hangup_under_nohup_does_not(tmp_path, many):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc")
-def test_kill_9_of_a_worker_ends_the_run_in_one_line_and_the_same_command_finishes(tmp_path, many):
-    args, ref = many
+def test_kill_9_of_a_worker_ends_the_run_in_one_line_and_the_same_command_finishes(tmp_path, four):
+    args, ref = four
     out = tmp_path / "out"
     proc = start_fineweb([*args, "--out_dir", out])
     mid_file(out, proc)
@@ -823,7 +1064,7 @@ def test_kill_9_of_a_worker_ends_the_run_in_one_line_and_the_same_command_finish
     done = len(list((out / ".fineweb").glob("*.done.json")))
     one_line_error(returncode, err, "fineweb.py", "a worker died (killed, or out of memory?); ")
     assert err.strip().endswith(
-        f"{done} of 6 files done and kept: run the same command to continue"
+        f"{done} of 4 files done and kept: run the same command to continue"
     )
     assert not group_left(proc.pid)
     run_main(*args, "--out_dir", out)
@@ -832,8 +1073,8 @@ def test_kill_9_of_a_worker_ends_the_run_in_one_line_and_the_same_command_finish
 
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc")
-def test_kill_9_of_the_parent_leaves_no_worker(tmp_path, many):
-    args, _ = many
+def test_kill_9_of_the_parent_leaves_no_worker(tmp_path, four):
+    args, _ = four
     out = tmp_path / "out"
     proc = start_fineweb([*args, "--out_dir", out])
     mid_file(out, proc)
@@ -901,14 +1142,20 @@ def test_hub_download_dir_offline_and_its_errors(tmp_path, parquets):
     (download / "data").mkdir(parents=True)
     for p in parquets[:2]:
         shutil.copy(p, download / "data" / p.name)
+    # a third file there: a link to a file of the user's, elsewhere
+    mine = shutil.copy(parquets[2], tmp_path / "mine.parquet")
+    (download / "data" / parquets[2].name).symlink_to(mine)
     out = tmp_path / "out"
     repo = ["--repo", "someone/corpus", "--files", "data/*.parquet"]
-    args = [*repo, "--download_dir", download, "--out_dir", out, "--shard_size", 700]
+    args = [*repo, "--download_dir", download, "--out_dir", out, "--shard_size", 700, "--free"]
     proc = run_program("fineweb.py", args, env=hub_env(tmp_path))
     assert proc.returncode == 0, proc.stderr
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["dataset"] == "someone/corpus" and len(manifest["sources"]) == 2
-    run_main("--local", *parquets[:2], "--out_dir", tmp_path / "local", "--shard_size", 700)
+    assert manifest["dataset"] == "someone/corpus" and len(manifest["sources"]) == 3
+    # --free: the downloads are gone, and of the link only the link
+    assert not list((download / "data").iterdir())
+    assert Path(mine).read_bytes() == parquets[2].read_bytes()
+    run_main("--local", *parquets, "--out_dir", tmp_path / "local", "--shard_size", 700)
     assert manifest["fingerprint"] == fineweb.load_corpus(tmp_path / "local")["fingerprint"]
     # nothing downloaded: huggingface_hub's own message, in one line
     proc = run_program("fineweb.py", [*repo, "--out_dir", tmp_path / "none"], env=hub_env(tmp_path))
