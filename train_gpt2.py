@@ -16,10 +16,12 @@ nothing but define things.
 """
 
 import argparse
+import ast
 import dataclasses
 import datetime
 import fcntl
 import hashlib
+import io
 import json
 import math
 import os
@@ -31,6 +33,7 @@ import socket
 import subprocess
 import sys
 import time
+import tokenize
 import zipfile
 from pathlib import Path
 
@@ -1505,15 +1508,36 @@ def true_or_false(text):
     return ["false", "true"].index(text.lower()) == 1
 
 
+def field_helps():
+    # {field: its --help}, the comments within each config field's statement in this file's
+    # source, however the formatter lays it out: `x: float = (` with the value and its comment on
+    # the next line, a comment after the opening parenthesis, or after the closing one
+    with tokenize.open(__file__) as f:
+        source = f.read()
+    comments = {}
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            comments[token.start[0]] = token.string[1:].strip()
+    configs = [cls.__name__ for cls in TrainConfig.__mro__]
+    helps = {}
+    for node in ast.parse(source).body:
+        if not isinstance(node, ast.ClassDef) or node.name not in configs:
+            continue
+        for field in node.body:
+            if isinstance(field, ast.AnnAssign) and isinstance(field.target, ast.Name):
+                lines = range(field.lineno, field.end_lineno + 1)
+                helps[field.target.id] = " ".join(comments[n] for n in lines if n in comments)
+    return helps
+
+
 def parse_args(argv):
     # --preset NAME replaces TrainConfig's defaults; then every field is a flag, typed by its
-    # annotation and documented by the comment on its line (if any), so explicit flags override
-    # the preset
+    # annotation and documented by its comment (if any), so explicit flags override the preset
     first = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     first.add_argument("--preset", choices=sorted(PRESETS))
     defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
     defaults.update(PRESETS.get(first.parse_known_args(argv)[0].preset, {}))
-    helps = dict(re.findall(r"^    (\w+): \w+ = .*?  # (.*)$", Path(__file__).read_text(), re.M))
+    helps = field_helps()
     gpus = torch.cuda.device_count()
     here = "no CUDA GPU: auto is cpu (or mps), float32, not compiled"
     here = f"{gpus} CUDA GPU(s): auto is cuda, bfloat16, compiled" if gpus else here

@@ -3,6 +3,7 @@ overfitting, guards, sinks), as real processes for signals, kills, DDP and bad i
 that GPTConfig builds passes these: no number of GPT-2's is pinned here."""
 
 import dataclasses
+import importlib.util
 import json
 import math
 import os
@@ -981,6 +982,36 @@ def test_a_forks_new_field_without_a_comment_is_a_flag(tmp_path):
     assert proc.returncode == 0 and proc.stdout == "2.0\n", proc.stderr
     proc = run_program([sys.executable, str(fork), "--help"], [], env=env, cwd=tmp_path)
     assert proc.returncode == 0 and "--my_scale" in proc.stdout, proc.stderr
+
+
+def test_a_forks_field_that_ruff_wraps_keeps_its_comment_as_help(tmp_path, capsys, monkeypatch):
+    # A researcher's fields with long comments, laid out by ruff: the value in parentheses with
+    # its comment inside them, a comment after the opening parenthesis. Each comment is still
+    # its flag's --help.
+    source = (ROOT / "train_gpt2.py").read_text()
+    anchor = "    wandb_project: str = "
+    assert anchor in source
+    ema = "decay of the EMA of the weights that val and the samples use (0: no EMA)"
+    cap = "logit soft-cap: cap x tanh(logits / cap), as Gemma 2 does (0: no cap at all)"
+    fields = f"    ema_decay: float = 0.999  # {ema}\n"
+    fields += f"    logit_cap: float = (  # {cap}\n        30.0\n    )\n"
+    fork = tmp_path / "my_train.py"
+    fork.write_text(source.replace(anchor, fields + anchor, 1))
+    config = ["--config", ROOT / "pyproject.toml", "--no-cache"]
+    proc = run_program([sys.executable, "-m", "ruff", "format", *config, fork], [])
+    assert proc.returncode == 0, proc.stderr
+    assert f"    ema_decay: float = (\n        0.999  # {ema}\n    )\n" in fork.read_text()
+    # the fork, imported in this process: its parse_args reads its own source
+    spec = importlib.util.spec_from_file_location("my_train", fork)
+    my_train = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "my_train", my_train)
+    spec.loader.exec_module(my_train)
+    with pytest.raises(SystemExit) as exit:
+        my_train.parse_args(["--help"])
+    assert exit.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"--ema_decay EMA_DECAY {ema} (default: 0.999)" in text
+    assert f"--logit_cap LOGIT_CAP {cap} (default: 30.0)" in text
 
 
 def test_a_model_field_added_in_one_place_reaches_the_model_and_its_checkpoints(
