@@ -403,13 +403,17 @@ class GPT(nn.Module):
     ):
         # [AdamW] decaying the 2-D weights (matrices, embeddings), not biases and norms. With
         # muon_lr: [AdamW, Muon], Muon taking the blocks' matrices; its group's lr_scale is
-        # muon_lr / learning_rate, so it follows the same schedule at its own peak.
+        # muon_lr / learning_rate, so it follows the same schedule at its own peak. Each
+        # parameter goes in with its name, which torch keeps in the optimizers' state: a resume
+        # checks them against this model's (check_resumable).
         params = [(n, p) for n, p in self.named_parameters() if p.requires_grad]
-        muon = [p for n, p in params if muon_lr and p.dim() == 2 and n.startswith("transformer.h.")]
-        rest = [p for _, p in params if all(p is not q for q in muon)]
+        muon = [
+            (n, p) for n, p in params if muon_lr and p.dim() == 2 and n.startswith("transformer.h.")
+        ]
+        rest = [(n, p) for n, p in params if all(p is not q for _, q in muon)]
         groups = [
-            {"params": [p for p in rest if p.dim() >= 2], "weight_decay": weight_decay},
-            {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0},
+            {"params": [(n, p) for n, p in rest if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [(n, p) for n, p in rest if p.dim() < 2], "weight_decay": 0.0},
         ]
         # the fused kernel on a GPU: one launch for every parameter
         adamw = torch.optim.AdamW(
@@ -900,7 +904,32 @@ def choose_checkpoint(resume, log_dir, log):
     return None
 
 
-def check_resumable(ckpt, model, cfg, data):
+def parameter_differing(optimizers, saved):
+    # What differs between the optimizers' parameters and the checkpoint's, or None. An edit can
+    # keep the weights' names and shapes and still add, drop or move a parameter (an untied head:
+    # lm_head.weight was the token table's other name); each parameter from there on would take
+    # another's state. The groups' parameter names (torch keeps them) are compared; for a
+    # checkpoint or an optimizer without them, each group's number of parameters.
+    groups = [group for opt in optimizers for group in opt.param_groups]
+    saved_groups = [group for opt in saved for group in opt["param_groups"]]
+    if len(groups) != len(saved_groups):
+        return f"{len(saved_groups)} optimizer groups, this run's {len(groups)}"
+    for group, their_group in zip(groups, saved_groups):
+        mine = group.get("param_names")
+        theirs = their_group.get("param_names")
+        if mine is None or theirs is None:
+            mine = group["params"]
+            theirs = their_group["params"]
+            if len(mine) != len(theirs):
+                return f"a group of {len(theirs)} parameters, this run's {len(mine)}"
+            continue
+        differ = sorted(set(mine) ^ set(theirs)) or [a for a, b in zip(mine, theirs) if a != b]
+        if differ:
+            return f"{differ[0]} differs"
+    return None
+
+
+def check_resumable(ckpt, model, optimizers, cfg, data):
     # Refuse, in one line, a resume whose model, batches or data would not be the checkpoint's;
     # every other flag of this run applies from the resumed step on.
     fix = "(a new run from its weights: --init_from)"
@@ -926,6 +955,14 @@ def check_resumable(ckpt, model, cfg, data):
         raise ValueError(
             f"resume: its weights are not this model's ({differ} differs; was the model edited"
             " since?): a new run goes in a new --log_dir"
+        )
+    # the same weights, other parameters in the optimizers
+    differ = parameter_differing(optimizers, ckpt["optimizers"])
+    if differ:
+        raise ValueError(
+            f"resume: its optimizer state does not fit this model's parameters ({differ}; was the"
+            " model edited since?): a new run from its weights: --init_from CHECKPOINT,"
+            " in a new --log_dir"
         )
     if ckpt["data"] != data:
         raise ValueError(f"resume: its data (tokenizer, corpus) differs {fix}")
@@ -1288,7 +1325,7 @@ def run(cfg, rank, local_rank, world_size, device, log):
     wandb_id = None
     if path is not None:
         ckpt = load_checkpoint(path)
-        check_resumable(ckpt, raw_model, cfg, data)
+        check_resumable(ckpt, raw_model, optimizers, cfg, data)
         raw_model.load_state_dict(ckpt["model"])
         for opt, saved in zip(optimizers, ckpt["optimizers"]):
             # the moments and step counts are the checkpoint's, the hyper-parameters this run's

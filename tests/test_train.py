@@ -247,6 +247,75 @@ def test_resuming_after_an_edit_of_the_model_is_one_line(
         train_gpt2.load_model(tmp_path / "model_00002.pt")
 
 
+def untie_the_head(model):
+    # its own weights (in a fork whose head is untied: tied again)
+    head = model.lm_head.weight
+    if head is model.transformer.wte.weight:
+        model.lm_head.weight = torch.nn.Parameter(head.detach().clone())
+    else:
+        model.lm_head.weight = model.transformer.wte.weight
+
+
+def freeze_a_weight(model):
+    list(model.parameters())[-1].requires_grad_(False)
+
+
+def attention_after_the_mlp(model):
+    # the blocks' modules registered in another order
+    for block in model.transformer.h:
+        attn = block.attn
+        del block.attn
+        block.attn = attn
+
+
+@pytest.mark.parametrize("edit", [untie_the_head, freeze_a_weight, attention_after_the_mlp])
+def test_resuming_after_an_edit_of_the_parameters_is_one_line(
+    small_corpus, tmp_path, monkeypatch, capsys, edit
+):
+    # An edit that keeps the weights' names and shapes but not the optimizers' parameters (an
+    # untied head: lm_head.weight was the token table's other name): their state would go to
+    # other parameters. Refused in one line before anything is written; a new run takes the
+    # checkpoint's weights.
+    train(small_corpus, tmp_path, max_steps=2)
+    before = file_bytes(tmp_path)
+    build = train_gpt2.GPT.__init__
+
+    def edited(self, config):
+        build(self, config)
+        edit(self)
+
+    monkeypatch.setattr(train_gpt2.GPT, "__init__", edited)
+    argv = tiny_flags(small_corpus, tmp_path, max_steps=4, resume="auto")
+    message = "resume: its optimizer state does not fit this model's parameters ("
+    one_line_error(*run_main(train_gpt2.main, argv, capsys), "train_gpt2.py", message)
+    assert file_bytes(tmp_path) == before
+    source = tmp_path / "model_00002.pt"
+    train(small_corpus, tmp_path / "new", max_steps=4, init_from=source)
+
+
+def test_a_checkpoint_without_parameter_names_is_checked_by_their_number(
+    small_corpus, tmp_path, monkeypatch
+):
+    # one written before the optimizers kept their parameters' names: a group's count is checked
+    train(small_corpus, tmp_path / "a", max_steps=2)
+    ckpt = checkpoint(tmp_path / "a", 2)
+    for opt in ckpt["optimizers"]:
+        for group in opt["param_groups"]:
+            del group["param_names"]
+    source = tmp_path / "old.pt"
+    train_gpt2.save_checkpoint(source, ckpt)
+    build = train_gpt2.GPT.__init__
+
+    def edited(self, config):
+        build(self, config)
+        freeze_a_weight(self)
+
+    monkeypatch.setattr(train_gpt2.GPT, "__init__", edited)
+    message = "its optimizer state does not fit this model's parameters (a group of"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        train(small_corpus, tmp_path / "b", max_steps=4, resume=source)
+
+
 @pytest.mark.parametrize("prompt", ["\u20ac", "x" * 16])
 def test_a_bad_sample_prompt_is_refused_before_the_run_writes(char_corpus, tmp_path, prompt):
     # a character the data's tokenizer lacks, or no room in the context (seq_len 16) for a token
