@@ -360,7 +360,7 @@ class GPT(nn.Module):
     @classmethod
     def from_pretrained(cls, name_or_dir, dropout=0.0):
         # OpenAI's GPT-2 (gpt2, gpt2-medium, gpt2-large, gpt2-xl) or a GPT2LMHeadModel directory
-        from transformers import GPT2LMHeadModel
+        from transformers import GPT2Config, GPT2LMHeadModel
 
         # a path that is not there, and not a hub name (`gpt2`, `openai-community/gpt2`) either
         hub_name = re.fullmatch(r"[\w.-]+(/[\w.-]+)?", name_or_dir)
@@ -378,20 +378,31 @@ class GPT(nn.Module):
                     f" here ({reason})"
                 ) from None
             raise ValueError(f"{name_or_dir}: transformers cannot load it ({reason})") from None
-        c = hf.config
-        shape = {ours: getattr(c, theirs) for ours, theirs in HF_CONFIG.items()}
-        model = cls(GPTConfig(dropout=dropout, **shape))
-        sd = model.state_dict()
+        # GPT-2 is what our model hard-codes (the tanh GELU, a tied head, the norms' eps) and the
+        # weights transformers gives GPT-2 of this shape (no other MLP width, no extra module);
         # the causal-mask buffers of older transformers versions are not weights
+        c = hf.config
         sd_hf = {k: v for k, v in hf.state_dict().items() if not k.endswith(".attn.bias")}
-        # what our model hard-codes: another value would load and compute another model
+        with torch.device("meta"):
+            gpt2 = GPT2LMHeadModel(GPT2Config(**{k: getattr(c, k) for k in HF_CONFIG.values()}))
+        shapes = {k: v.shape for k, v in gpt2.state_dict().items() if not k.endswith(".attn.bias")}
+        same_shapes = shapes == {k: v.shape for k, v in sd_hf.items()}
         gelu = c.activation_function in ("gelu_new", "gelu_pytorch_tanh")
-        weights = {k: w.t() if k.endswith(HF_TRANSPOSED) else w for k, w in sd_hf.items()}
-        same_shapes = weights.keys() == sd.keys()
-        same_shapes = same_shapes and all(w.shape == sd[k].shape for k, w in weights.items())
         if not gelu or not c.tie_word_embeddings or c.layer_norm_epsilon != 1e-5 or not same_shapes:
             raise ValueError(
                 f"{name_or_dir}: not GPT-2 (its activation, head, norms, modules or their shapes)"
+            )
+        # GPT-2's weights into this model, which an edit may have left without a place for one
+        # (no position table, a wider MLP)
+        shape = {ours: getattr(c, theirs) for ours, theirs in HF_CONFIG.items()}
+        model = cls(GPTConfig(dropout=dropout, **shape))
+        sd = model.state_dict()
+        weights = {k: w.t() if k.endswith(HF_TRANSPOSED) else w for k, w in sd_hf.items()}
+        differ = weight_differing(model, weights)
+        if differ:
+            raise ValueError(
+                f"{name_or_dir}: this edited model cannot take GPT-2's weights ({differ} differs):"
+                " start it from scratch or from a checkpoint of its own"
             )
         with torch.no_grad():
             for k, w in weights.items():

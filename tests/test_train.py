@@ -316,6 +316,57 @@ def test_a_checkpoint_without_parameter_names_is_checked_by_their_number(
         train(small_corpus, tmp_path / "b", max_steps=4, resume=source)
 
 
+def gpt2_directory(path, **extra):
+    # a randomly initialised transformers GPT-2 (GPT-2's vocabulary, one small layer), saved
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(n_positions=32, n_layer=1, n_head=2, n_embd=32, **extra)
+    GPT2LMHeadModel(config).save_pretrained(path)
+    return path
+
+
+def no_position_table(monkeypatch):
+    # ALiBi's or RoPE's edit as the weights see it (in a fork without one: nothing to delete)
+    build = train_gpt2.GPT.__init__
+
+    def edited(self, config):
+        build(self, config)
+        if "wpe" in self.transformer:
+            del self.transformer["wpe"]
+
+    monkeypatch.setattr(train_gpt2.GPT, "__init__", edited)
+    return "transformer.wpe.weight"
+
+
+def a_wider_mlp(monkeypatch):
+    build = train_gpt2.MLP.__init__
+
+    def edited(self, config):
+        build(self, config)
+        self.c_fc = torch.nn.Linear(config.n_embd, 8 * config.n_embd)
+        self.c_proj = torch.nn.Linear(8 * config.n_embd, config.n_embd)
+
+    monkeypatch.setattr(train_gpt2.MLP, "__init__", edited)
+    return "transformer.h.0.mlp.c_fc.weight"
+
+
+@pytest.mark.parametrize("edit", [no_position_table, a_wider_mlp])
+def test_init_from_gpt2_into_a_model_that_cannot_take_its_weights_is_one_line(
+    gpt2_corpus, tmp_path, monkeypatch, capsys, quiet_transformers, edit
+):
+    # GPT-2's weights into an edited model that has no place for one of them: the model is named
+    # as edited, not the directory as not GPT-2. A directory that is not GPT-2 still is.
+    gpt2 = gpt2_directory(tmp_path / "gpt2")
+    relu = gpt2_directory(tmp_path / "relu", activation_function="relu")
+    weight = edit(monkeypatch)
+    argv = tiny_flags(gpt2_corpus, tmp_path / "run", max_steps=2, init_from=gpt2)
+    message = f"{gpt2}: this edited model cannot take GPT-2's weights ({weight} differs)"
+    one_line_error(*run_main(train_gpt2.main, argv, capsys), "train_gpt2.py", message)
+    argv = tiny_flags(gpt2_corpus, tmp_path / "run", max_steps=2, init_from=relu)
+    one_line_error(*run_main(train_gpt2.main, argv, capsys), "train_gpt2.py", f"{relu}: not GPT-2")
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("prompt", ["\u20ac", "x" * 16])
 def test_a_bad_sample_prompt_is_refused_before_the_run_writes(char_corpus, tmp_path, prompt):
     # a character the data's tokenizer lacks, or no room in the context (seq_len 16) for a token
