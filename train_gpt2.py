@@ -16,10 +16,12 @@ nothing but define things.
 """
 
 import argparse
+import ast
 import dataclasses
 import datetime
 import fcntl
 import hashlib
+import io
 import json
 import math
 import os
@@ -33,6 +35,7 @@ import stat
 import subprocess
 import sys
 import time
+import tokenize
 import zipfile
 from pathlib import Path
 
@@ -397,7 +400,7 @@ class GPT(nn.Module):
     @classmethod
     def from_pretrained(cls, name_or_dir, dropout=0.0):
         # OpenAI's GPT-2 (gpt2, gpt2-medium, gpt2-large, gpt2-xl) or a GPT2LMHeadModel directory
-        from transformers import GPT2LMHeadModel
+        from transformers import GPT2Config, GPT2LMHeadModel
 
         # a path that is not there, and not a hub name (`gpt2`, `openai-community/gpt2`) either
         hub_name = re.fullmatch(r"[\w.-]+(/[\w.-]+)?", name_or_dir)
@@ -415,20 +418,31 @@ class GPT(nn.Module):
                     f" here ({reason})"
                 ) from None
             raise ValueError(f"{name_or_dir}: transformers cannot load it ({reason})") from None
-        c = hf.config
-        shape = {ours: getattr(c, theirs) for ours, theirs in HF_CONFIG.items()}
-        model = cls(GPTConfig(dropout=dropout, **shape))
-        sd = model.state_dict()
+        # GPT-2 is what our model hard-codes (the tanh GELU, a tied head, the norms' eps) and the
+        # weights transformers gives GPT-2 of this shape (no other MLP width, no extra module);
         # the causal-mask buffers of older transformers versions are not weights
+        c = hf.config
         sd_hf = {k: v for k, v in hf.state_dict().items() if not k.endswith(".attn.bias")}
-        # what our model hard-codes: another value would load and compute another model
+        with torch.device("meta"):
+            gpt2 = GPT2LMHeadModel(GPT2Config(**{k: getattr(c, k) for k in HF_CONFIG.values()}))
+        shapes = {k: v.shape for k, v in gpt2.state_dict().items() if not k.endswith(".attn.bias")}
+        same_shapes = shapes == {k: v.shape for k, v in sd_hf.items()}
         gelu = c.activation_function in ("gelu_new", "gelu_pytorch_tanh")
-        weights = {k: w.t() if k.endswith(HF_TRANSPOSED) else w for k, w in sd_hf.items()}
-        same_shapes = weights.keys() == sd.keys()
-        same_shapes = same_shapes and all(w.shape == sd[k].shape for k, w in weights.items())
         if not gelu or not c.tie_word_embeddings or c.layer_norm_epsilon != 1e-5 or not same_shapes:
             raise ValueError(
                 f"{name_or_dir}: not GPT-2 (its activation, head, norms, modules or their shapes)"
+            )
+        # GPT-2's weights into this model, which an edit may have left without a place for one
+        # (no position table, a wider MLP)
+        shape = {ours: getattr(c, theirs) for ours, theirs in HF_CONFIG.items()}
+        model = cls(GPTConfig(dropout=dropout, **shape))
+        sd = model.state_dict()
+        weights = {k: w.t() if k.endswith(HF_TRANSPOSED) else w for k, w in sd_hf.items()}
+        differ = weight_differing(model, weights)
+        if differ:
+            raise ValueError(
+                f"{name_or_dir}: this edited model cannot take GPT-2's weights ({differ} differs):"
+                " start it from scratch or from a checkpoint of its own"
             )
         with torch.no_grad():
             for k, w in weights.items():
@@ -441,13 +455,17 @@ class GPT(nn.Module):
     ):
         # [AdamW] decaying the 2-D weights (matrices, embeddings), not biases and norms. With
         # muon_lr: [AdamW, Muon], Muon taking the blocks' matrices; its group's lr_scale is
-        # muon_lr / learning_rate, so it follows the same schedule at its own peak.
+        # muon_lr / learning_rate, so it follows the same schedule at its own peak. Each
+        # parameter goes in with its name, which torch keeps in the optimizers' state: a resume
+        # checks them against this model's (check_resumable).
         params = [(n, p) for n, p in self.named_parameters() if p.requires_grad]
-        muon = [p for n, p in params if muon_lr and p.dim() == 2 and n.startswith("transformer.h.")]
-        rest = [p for _, p in params if all(p is not q for q in muon)]
+        muon = [
+            (n, p) for n, p in params if muon_lr and p.dim() == 2 and n.startswith("transformer.h.")
+        ]
+        rest = [(n, p) for n, p in params if all(p is not q for _, q in muon)]
         groups = [
-            {"params": [p for p in rest if p.dim() >= 2], "weight_decay": weight_decay},
-            {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0},
+            {"params": [(n, p) for n, p in rest if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [(n, p) for n, p in rest if p.dim() < 2], "weight_decay": 0.0},
         ]
         # the fused kernel on a GPU: one launch for every parameter
         adamw = torch.optim.AdamW(
@@ -994,7 +1012,32 @@ def choose_checkpoint(resume, log_dir, log):
     return None
 
 
-def check_resumable(ckpt, model, cfg, data):
+def parameter_differing(optimizers, saved):
+    # What differs between the optimizers' parameters and the checkpoint's, or None. An edit can
+    # keep the weights' names and shapes and still add, drop or move a parameter (an untied head:
+    # lm_head.weight was the token table's other name); each parameter from there on would take
+    # another's state. The groups' parameter names (torch keeps them) are compared; for a
+    # checkpoint or an optimizer without them, each group's number of parameters.
+    groups = [group for opt in optimizers for group in opt.param_groups]
+    saved_groups = [group for opt in saved for group in opt["param_groups"]]
+    if len(groups) != len(saved_groups):
+        return f"{len(saved_groups)} optimizer groups, this run's {len(groups)}"
+    for group, their_group in zip(groups, saved_groups):
+        mine = group.get("param_names")
+        theirs = their_group.get("param_names")
+        if mine is None or theirs is None:
+            mine = group["params"]
+            theirs = their_group["params"]
+            if len(mine) != len(theirs):
+                return f"a group of {len(theirs)} parameters, this run's {len(mine)}"
+            continue
+        differ = sorted(set(mine) ^ set(theirs)) or [a for a, b in zip(mine, theirs) if a != b]
+        if differ:
+            return f"{differ[0]} differs"
+    return None
+
+
+def check_resumable(ckpt, model, optimizers, cfg, data):
     # Refuse, in one line, a resume whose model, batches or data would not be the checkpoint's;
     # every other flag of this run applies from the resumed step on.
     fix = "(a new run from its weights: --init_from)"
@@ -1020,6 +1063,14 @@ def check_resumable(ckpt, model, cfg, data):
         raise ValueError(
             f"resume: its weights are not this model's ({differ} differs; was the model edited"
             " since?): a new run goes in a new --log_dir"
+        )
+    # the same weights, other parameters in the optimizers
+    differ = parameter_differing(optimizers, ckpt["optimizers"])
+    if differ:
+        raise ValueError(
+            f"resume: its optimizer state does not fit this model's parameters ({differ}; was the"
+            " model edited since?): a new run from its weights: --init_from CHECKPOINT,"
+            " in a new --log_dir"
         )
     if ckpt["data"] != data:
         raise ValueError(f"resume: its data (tokenizer, corpus) differs {fix}")
@@ -1526,7 +1577,7 @@ def run(cfg, rank, local_rank, world_size, device, log, code):
     ckpt = None
     if path is not None:
         ckpt = load_checkpoint(path)
-        check_resumable(ckpt, raw_model, cfg, data)
+        check_resumable(ckpt, raw_model, optimizers, cfg, data)
         raw_model.load_state_dict(ckpt["model"])
         check_finite(raw_model, path)
         for opt, saved in zip(optimizers, ckpt["optimizers"]):
@@ -1802,15 +1853,36 @@ def true_or_false(text):
     return ["false", "true"].index(text.lower()) == 1
 
 
+def field_helps():
+    # {field: its --help}, the comments within each config field's statement in this file's
+    # source, however the formatter lays it out: `x: float = (` with the value and its comment on
+    # the next line, a comment after the opening parenthesis, or after the closing one
+    with tokenize.open(__file__) as f:
+        source = f.read()
+    comments = {}
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            comments[token.start[0]] = token.string[1:].strip()
+    configs = [cls.__name__ for cls in TrainConfig.__mro__]
+    helps = {}
+    for node in ast.parse(source).body:
+        if not isinstance(node, ast.ClassDef) or node.name not in configs:
+            continue
+        for field in node.body:
+            if isinstance(field, ast.AnnAssign) and isinstance(field.target, ast.Name):
+                lines = range(field.lineno, field.end_lineno + 1)
+                helps[field.target.id] = " ".join(comments[n] for n in lines if n in comments)
+    return helps
+
+
 def parse_args(argv):
     # --preset NAME replaces TrainConfig's defaults; then every field is a flag, typed by its
-    # annotation and documented by the comment on its line (if any), so explicit flags override
-    # the preset
+    # annotation and documented by its comment (if any), so explicit flags override the preset
     first = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     first.add_argument("--preset", choices=sorted(PRESETS))
     defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
     defaults.update(PRESETS.get(first.parse_known_args(argv)[0].preset, {}))
-    helps = dict(re.findall(r"^    (\w+): \w+ = .*?  # (.*)$", Path(__file__).read_text(), re.M))
+    helps = field_helps()
     gpus = torch.cuda.device_count()
     here = "no CUDA GPU: auto is cpu (or mps), float32, not compiled"
     here = f"{gpus} CUDA GPU(s): auto is cuda, bfloat16, compiled" if gpus else here

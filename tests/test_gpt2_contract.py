@@ -104,7 +104,7 @@ def test_module_names_are_huggingface_keys(tmp_path):
 )
 def test_a_model_that_is_not_gpt2_is_refused(tmp_path, extra):
     hf_model(tmp_path, 1, 2, 32, vocab_size=97, n_positions=32, **extra)
-    with pytest.raises(ValueError, match="GPT-2"):
+    with pytest.raises(ValueError, match="not GPT-2"):
         GPT.from_pretrained(str(tmp_path))
 
 

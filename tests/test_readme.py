@@ -37,12 +37,32 @@ def test_the_docs_it_links_exist():
         assert (ROOT / link).is_file(), link
 
 
+def unrolled(lines):
+    """lines with each `for NAME in A B C; do` ... `done` loop written out, $NAME replaced."""
+    out = []
+    loop = None  # (name, values, body) of the loop being read
+    for line in lines:
+        start = re.fullmatch(r"\s*for (\w+) in (.*); do", line)
+        if start:
+            loop = (start[1], start[2].split(), [])
+        elif loop and line.strip() == "done":
+            name, values, body = loop
+            out += [b.replace(f"${name}", v) for v in values for b in body]
+            loop = None
+        elif loop:
+            loop[2].append(line)
+        else:
+            out.append(line)
+    return out
+
+
 def launches(text):
     """(world size, train_gpt2.py's flags) of every command in text's bash blocks that runs it:
-    python (one process) or torchrun (--nnodes x --nproc_per_node), also inside bash -c '...'."""
+    python (one process) or torchrun (--nnodes x --nproc_per_node), also inside bash -c '...'
+    or a for loop."""
     blocks = "\n".join(re.findall(r"```bash\n(.*?)```", text, flags=re.S))
     found = []
-    for line in blocks.replace("\\\n", " ").splitlines():
+    for line in unrolled(blocks.replace("\\\n", " ").splitlines()):
         words = shlex.split(line, comments=True)
         inner = [w for w in words if "train_gpt2.py " in w]
         if inner:  # bash -c "...; exec torchrun ... train_gpt2.py ..."

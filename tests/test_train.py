@@ -3,6 +3,7 @@ overfitting, guards, sinks), as real processes for signals, kills, DDP and bad i
 that GPTConfig builds passes these: no number of GPT-2's is pinned here."""
 
 import dataclasses
+import importlib.util
 import json
 import math
 import os
@@ -50,14 +51,28 @@ def checkpoint(log_dir, step):
     return torch.load(Path(log_dir) / f"model_{step:05d}.pt", weights_only=True)
 
 
-def assert_same_state(a, b):
-    for key in a["model"]:
-        assert torch.equal(a["model"][key], b["model"][key]), key
-    for opt_a, opt_b in zip(a["optimizers"], b["optimizers"]):
-        for i, state in opt_a["state"].items():
-            for name, value in state.items():
-                assert torch.equal(value, opt_b["state"][i][name]), (i, name)
-    assert a["loader"] == b["loader"] and a["step"] == b["step"]
+# The entries of a checkpoint that differ between an uninterrupted run and a resumed one by
+# design: the flags that say where a run writes and what it resumed, and the wall-clock seconds
+# spent training. Every other entry, one a fork adds included (an EMA of the weights), is equal.
+DIFFER_BY_DESIGN = {"train_config.log_dir", "train_config.resume", "train_seconds"}
+
+
+def assert_same_state(a, b, where=""):
+    # every entry of two checkpoints, recursively: tensors bit for bit, other values equal
+    if where in DIFFER_BY_DESIGN:
+        return
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            assert_same_state(a[key], b[key], f"{where}.{key}" if where else str(key))
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same_state(x, y, f"{where}.{i}")
+    elif isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and torch.equal(a, b), where
+    else:
+        assert a == b, where
 
 
 @pytest.mark.gpt2_contract  # the rate is AdamW's at this lr (the recipe's optimizer)
@@ -280,6 +295,126 @@ def test_resuming_after_an_edit_of_the_model_is_one_line(
         train_gpt2.load_model(tmp_path / "model_00002.pt")
 
 
+def untie_the_head(model):
+    # its own weights (in a fork whose head is untied: tied again)
+    head = model.lm_head.weight
+    if head is model.transformer.wte.weight:
+        model.lm_head.weight = torch.nn.Parameter(head.detach().clone())
+    else:
+        model.lm_head.weight = model.transformer.wte.weight
+
+
+def freeze_a_weight(model):
+    list(model.parameters())[-1].requires_grad_(False)
+
+
+def attention_after_the_mlp(model):
+    # the blocks' modules registered in another order
+    for block in model.transformer.h:
+        attn = block.attn
+        del block.attn
+        block.attn = attn
+
+
+@pytest.mark.parametrize("edit", [untie_the_head, freeze_a_weight, attention_after_the_mlp])
+def test_resuming_after_an_edit_of_the_parameters_is_one_line(
+    small_corpus, tmp_path, monkeypatch, capsys, edit
+):
+    # An edit that keeps the weights' names and shapes but not the optimizers' parameters (an
+    # untied head: lm_head.weight was the token table's other name): their state would go to
+    # other parameters. Refused in one line before anything is written; a new run takes the
+    # checkpoint's weights.
+    train(small_corpus, tmp_path, max_steps=2)
+    before = file_bytes(tmp_path)
+    build = train_gpt2.GPT.__init__
+
+    def edited(self, config):
+        build(self, config)
+        edit(self)
+
+    monkeypatch.setattr(train_gpt2.GPT, "__init__", edited)
+    argv = tiny_flags(small_corpus, tmp_path, max_steps=4, resume="auto")
+    message = "resume: its optimizer state does not fit this model's parameters ("
+    one_line_error(*run_main(train_gpt2.main, argv, capsys), "train_gpt2.py", message)
+    assert file_bytes(tmp_path) == before
+    source = tmp_path / "model_00002.pt"
+    train(small_corpus, tmp_path / "new", max_steps=4, init_from=source)
+
+
+def test_a_checkpoint_without_parameter_names_is_checked_by_their_number(
+    small_corpus, tmp_path, monkeypatch
+):
+    # one written before the optimizers kept their parameters' names: a group's count is checked
+    train(small_corpus, tmp_path / "a", max_steps=2)
+    ckpt = checkpoint(tmp_path / "a", 2)
+    for opt in ckpt["optimizers"]:
+        for group in opt["param_groups"]:
+            del group["param_names"]
+    source = tmp_path / "old.pt"
+    train_gpt2.save_checkpoint(source, ckpt)
+    build = train_gpt2.GPT.__init__
+
+    def edited(self, config):
+        build(self, config)
+        freeze_a_weight(self)
+
+    monkeypatch.setattr(train_gpt2.GPT, "__init__", edited)
+    message = "its optimizer state does not fit this model's parameters (a group of"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        train(small_corpus, tmp_path / "b", max_steps=4, resume=source)
+
+
+def gpt2_directory(path, **extra):
+    # a randomly initialised transformers GPT-2 (GPT-2's vocabulary, one small layer), saved
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(n_positions=32, n_layer=1, n_head=2, n_embd=32, **extra)
+    GPT2LMHeadModel(config).save_pretrained(path)
+    return path
+
+
+def no_position_table(monkeypatch):
+    # ALiBi's or RoPE's edit as the weights see it (in a fork without one: nothing to delete)
+    build = train_gpt2.GPT.__init__
+
+    def edited(self, config):
+        build(self, config)
+        if "wpe" in self.transformer:
+            del self.transformer["wpe"]
+
+    monkeypatch.setattr(train_gpt2.GPT, "__init__", edited)
+    return "transformer.wpe.weight"
+
+
+def a_wider_mlp(monkeypatch):
+    build = train_gpt2.MLP.__init__
+
+    def edited(self, config):
+        build(self, config)
+        self.c_fc = torch.nn.Linear(config.n_embd, 8 * config.n_embd)
+        self.c_proj = torch.nn.Linear(8 * config.n_embd, config.n_embd)
+
+    monkeypatch.setattr(train_gpt2.MLP, "__init__", edited)
+    return "transformer.h.0.mlp.c_fc.weight"
+
+
+@pytest.mark.parametrize("edit", [no_position_table, a_wider_mlp])
+def test_init_from_gpt2_into_a_model_that_cannot_take_its_weights_is_one_line(
+    gpt2_corpus, tmp_path, monkeypatch, capsys, quiet_transformers, edit
+):
+    # GPT-2's weights into an edited model that has no place for one of them: the model is named
+    # as edited, not the directory as not GPT-2. A directory that is not GPT-2 still is.
+    gpt2 = gpt2_directory(tmp_path / "gpt2")
+    relu = gpt2_directory(tmp_path / "relu", activation_function="relu")
+    weight = edit(monkeypatch)
+    argv = tiny_flags(gpt2_corpus, tmp_path / "run", max_steps=2, init_from=gpt2)
+    message = f"{gpt2}: this edited model cannot take GPT-2's weights ({weight} differs)"
+    one_line_error(*run_main(train_gpt2.main, argv, capsys), "train_gpt2.py", message)
+    argv = tiny_flags(gpt2_corpus, tmp_path / "run", max_steps=2, init_from=relu)
+    one_line_error(*run_main(train_gpt2.main, argv, capsys), "train_gpt2.py", f"{relu}: not GPT-2")
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("prompt", ["\u20ac", "x" * 16])
 def test_a_bad_sample_prompt_is_refused_before_the_run_writes(char_corpus, tmp_path, prompt):
     # a character the data's tokenizer lacks, or no room in the context (seq_len 16) for a token
@@ -382,28 +517,35 @@ def test_keep_last_prunes_only_this_log_dirs_older_checkpoints(small_corpus, tmp
     assert source.exists()
 
 
-def poisoned_forward(monkeypatch, step_of_call, factor):
-    # multiply the loss of one training forward (the call-th with gradients) by `factor`
-    calls = {"n": 0}
-    original = train_gpt2.GPT.forward
+def poisoned_forward(monkeypatch, step, factor):
+    # multiply the loss of every training forward of one step (of a new run) by `factor`,
+    # however many micro-steps a step has: the step in progress is the one after the last whose
+    # train loss was reported
+    done = {"steps": 0}
+    report = train_gpt2.Metrics.report
+    forward = train_gpt2.GPT.forward
 
-    def forward(self, *args, **kwargs):
-        logits, loss = original(self, *args, **kwargs)
-        if torch.is_grad_enabled() and loss is not None:
-            calls["n"] += 1
-            if calls["n"] == step_of_call:
-                loss = loss * factor
+    def counting(self, step_reported, **values):
+        if "train" in values:
+            done["steps"] = step_reported + 1
+        return report(self, step_reported, **values)
+
+    def poisoned(self, *args, **kwargs):
+        logits, loss = forward(self, *args, **kwargs)
+        if torch.is_grad_enabled() and loss is not None and done["steps"] == step:
+            loss = loss * factor
         return logits, loss
 
-    monkeypatch.setattr(train_gpt2.GPT, "forward", forward)
+    monkeypatch.setattr(train_gpt2.Metrics, "report", counting)
+    monkeypatch.setattr(train_gpt2.GPT, "forward", poisoned)
 
 
 def test_a_non_finite_loss_stops_the_run_or_is_skipped(small_corpus, tmp_path, monkeypatch):
-    # micro-step 11 is step 5's second
-    poisoned_forward(monkeypatch, 11, math.nan)
+    poisoned_forward(monkeypatch, 5, math.nan)
     with pytest.raises(ValueError, match="non-finite loss nan .* at step 5"):
         train(small_corpus, tmp_path / "a", max_steps=8)
-    poisoned_forward(monkeypatch, 11, math.nan)
+    monkeypatch.undo()
+    poisoned_forward(monkeypatch, 5, math.nan)
     train(small_corpus, tmp_path / "b", max_steps=8, skip_nonfinite=True)
     log = read_log(tmp_path / "b")
     assert math.isnan(log["train"][5]) and all(math.isfinite(log["train"][s]) for s in (6, 7))
@@ -415,7 +557,7 @@ def test_the_spike_guard_skips_an_outlying_update(small_corpus, tmp_path, monkey
     # each step's z-score is logged once 16 updates are known; none of them is a spike
     z_clean = read_log(clean)["spike"]
     assert min(z_clean) == 16 and max(z_clean.values()) < 4.0
-    poisoned_forward(monkeypatch, 2 * 20 + 1, 1e4)  # step 20
+    poisoned_forward(monkeypatch, 20, 1e4)
     spiked = tmp_path / "spiked"
     train(small_corpus, spiked, max_steps=24, ckpt_interval=21, skip_spikes=4.0)
     z = read_log(spiked)["spike"]
@@ -1033,6 +1175,36 @@ def test_a_forks_new_field_without_a_comment_is_a_flag(tmp_path):
     assert proc.returncode == 0 and proc.stdout == "2.0\n", proc.stderr
     proc = run_program([sys.executable, str(fork), "--help"], [], env=env, cwd=tmp_path)
     assert proc.returncode == 0 and "--my_scale" in proc.stdout, proc.stderr
+
+
+def test_a_forks_field_that_ruff_wraps_keeps_its_comment_as_help(tmp_path, capsys, monkeypatch):
+    # A researcher's fields with long comments, laid out by ruff: the value in parentheses with
+    # its comment inside them, a comment after the opening parenthesis. Each comment is still
+    # its flag's --help.
+    source = (ROOT / "train_gpt2.py").read_text()
+    anchor = "    wandb_project: str = "
+    assert anchor in source
+    ema = "decay of the EMA of the weights that val and the samples use (0: no EMA)"
+    cap = "logit soft-cap: cap x tanh(logits / cap), as Gemma 2 does (0: no cap at all)"
+    fields = f"    ema_decay: float = 0.999  # {ema}\n"
+    fields += f"    logit_cap: float = (  # {cap}\n        30.0\n    )\n"
+    fork = tmp_path / "my_train.py"
+    fork.write_text(source.replace(anchor, fields + anchor, 1))
+    config = ["--config", ROOT / "pyproject.toml", "--no-cache"]
+    proc = run_program([sys.executable, "-m", "ruff", "format", *config, fork], [])
+    assert proc.returncode == 0, proc.stderr
+    assert f"    ema_decay: float = (\n        0.999  # {ema}\n    )\n" in fork.read_text()
+    # the fork, imported in this process: its parse_args reads its own source
+    spec = importlib.util.spec_from_file_location("my_train", fork)
+    my_train = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "my_train", my_train)
+    spec.loader.exec_module(my_train)
+    with pytest.raises(SystemExit) as exit:
+        my_train.parse_args(["--help"])
+    assert exit.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"--ema_decay EMA_DECAY {ema} (default: 0.999)" in text
+    assert f"--logit_cap LOGIT_CAP {cap} (default: 30.0)" in text
 
 
 def test_a_model_field_added_in_one_place_reaches_the_model_and_its_checkpoints(
