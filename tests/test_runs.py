@@ -209,7 +209,9 @@ def test_a_time_bounded_run_ends_with_its_cosine_finished(small_corpus, tmp_path
     assert 2 < last < 10**6 and not result["stopped"]
     assert max(log["train"]) == last - 1
     assert log["lr"][last - 1] == pytest.approx(3e-4, rel=1e-6)
-    assert all(lr > 3.001e-4 for step, lr in log["lr"].items() if step < last - 1)
+    # after the warmup the LR follows the cosine down as the training time goes by
+    decay = [log["lr"][step] for step in range(2, last)]
+    assert decay == sorted(decay, reverse=True) and decay[0] > decay[-1]
     assert log["time"][last - 1] >= 0.5
     assert last in log["val"]
     assert [s for s, _ in train_gpt2.find_checkpoints(tmp_path)] == [last]

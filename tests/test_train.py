@@ -52,9 +52,10 @@ def checkpoint(log_dir, step):
 
 
 # The entries of a checkpoint that differ between an uninterrupted run and a resumed one by
-# design: the flags that say where a run writes and what it resumed, and the wall-clock seconds
-# spent training. Every other entry, one a fork adds included (an EMA of the weights), is equal.
-DIFFER_BY_DESIGN = {"train_config.log_dir", "train_config.resume", "train_seconds"}
+# design: the flags that say where a run writes and what it resumed, the wall-clock seconds spent
+# training, and the record of the code (a run in this process imported the tests' modules too).
+# Every other entry, one a fork adds included (an EMA of the weights), is equal.
+DIFFER_BY_DESIGN = {"train_config.log_dir", "train_config.resume", "train_seconds", "code"}
 
 
 def assert_same_state(a, b, where=""):
