@@ -171,6 +171,38 @@ def finish(proc, timeout=PATIENCE):
     return proc.returncode, out, err
 
 
+def run_with_stdout_closed(program, args):
+    """python PROGRAM ARGS whose stdout's reader is gone from the start (`... | head -0`): (its
+    exit status, its stderr)."""
+    proc = subprocess.Popen(
+        command_of(program, args),
+        cwd=ROOT,
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=default_signals,
+    )
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=PATIENCE)
+    return proc.returncode, err.decode()
+
+
+def no_position_table(monkeypatch):
+    """RoPE's or ALiBi's edit as the weights see it: GPT without its learned position table (in a
+    fork without one, nothing to delete); the name of the weight it drops."""
+    import train_gpt2
+
+    build = train_gpt2.GPT.__init__
+
+    def edited(self, config):
+        build(self, config)
+        if "wpe" in self.transformer:
+            del self.transformer["wpe"]
+
+    monkeypatch.setattr(train_gpt2.GPT, "__init__", edited)
+    return "transformer.wpe.weight"
+
+
 def wait_for(condition, proc, timeout=PATIENCE):
     """Poll condition() while proc runs: it must come true before proc ends."""
     deadline = time.monotonic() + timeout
@@ -293,6 +325,15 @@ def tiny_config(data_root, log_dir, **overrides):
     values = dict(TINY, data_root=data_root, log_dir=log_dir, **overrides)
     values = {k: str(v) if isinstance(v, Path) else v for k, v in values.items()}
     return train_gpt2.TrainConfig(**values)
+
+
+def train_tiny(data_root, log_dir, **overrides):
+    """train_gpt2.train of a TINY config in this process: (its result, the lines it logged)."""
+    import train_gpt2
+
+    lines = []
+    result = train_gpt2.train(tiny_config(data_root, log_dir, **overrides), log=lines.append)
+    return result, lines
 
 
 def tiny_flags(data_root, log_dir, **overrides):

@@ -4,11 +4,10 @@ GPT.generate's KV cache chooses. No timing is asserted: only the shape of the ou
 
 import json
 import os
-import subprocess
 
 import pytest
 import torch
-from conftest import child_env, command_of, one_line_error, run_main
+from conftest import one_line_error, run_main, run_with_stdout_closed
 
 import bench
 from train_gpt2 import GPT, GPTConfig
@@ -68,15 +67,8 @@ def test_a_closed_stdout_still_writes_the_json(tmp_path):
     out = tmp_path / "bench.json"
     flags = ["--device", "cpu", "--preset", "tiny", "--batch_sizes", 1, "--seq_len", 8]
     flags += ["--steps", 1, "--warmup", 0, "--new_tokens", 1, "--json", out]
-    proc = subprocess.Popen(
-        command_of("bench.py", flags),
-        env=child_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    proc.stdout.close()
-    _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0 and err == b"", err.decode()[-2000:]
+    returncode, err = run_with_stdout_closed("bench.py", flags)
+    assert returncode == 0 and err == "", err[-2000:]
     assert [row["run"] for row in json.loads(out.read_text())["rows"]][0] == "train B=1"
 
 

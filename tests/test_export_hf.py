@@ -13,18 +13,17 @@ import math
 import os
 import random
 import signal
-import subprocess
 import types
 
 import pytest
 import torch
 import torch.nn.functional as F
 from conftest import (
-    child_env,
-    command_of,
     finish,
+    no_position_table,
     one_line_error,
     run_main,
+    run_with_stdout_closed,
     start,
     tiny_config,
     wait_for,
@@ -198,13 +197,8 @@ def test_a_killed_export_leaves_a_temporary_that_the_next_removes(trained, tmp_p
     assert [p.name for p in tmp_path.iterdir()] == [".hf.tmp"]
     # The next export to the same OUT_DIR starts by removing it, and leaves only OUT_DIR. Its
     # reader gone first (`export_hf.py ... | head`), it ends quietly: exit 0, no BrokenPipeError.
-    command = command_of("export_hf.py", [trained, out])
-    proc = subprocess.Popen(
-        command, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    )
-    proc.stdout.close()
-    _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0 and err == b"", err.decode()[-2000:]
+    returncode, err = run_with_stdout_closed("export_hf.py", [trained, out])
+    assert returncode == 0 and err == "", err[-2000:]
     assert [p.name for p in tmp_path.iterdir()] == ["hf"]
     assert {p.name for p in out.iterdir()} == GPT2_FILES
 
@@ -340,19 +334,6 @@ def erf_gelu(monkeypatch):
         return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))
 
     monkeypatch.setattr(train_gpt2.MLP, "forward", forward)
-
-
-def no_position_table(monkeypatch):
-    # RoPE's edit as the weights see it: no learned position table (in a fork without one, such
-    # as ALiBi's, nothing to delete)
-    build = train_gpt2.GPT.__init__
-
-    def edited(self, config):
-        build(self, config)
-        if "wpe" in self.transformer:
-            del self.transformer["wpe"]
-
-    monkeypatch.setattr(train_gpt2.GPT, "__init__", edited)
 
 
 def soft_capped(monkeypatch):

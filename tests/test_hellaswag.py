@@ -9,7 +9,6 @@ import hashlib
 import json
 import os
 import random
-import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -23,12 +22,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 from conftest import (
     cases,
-    child_env,
-    command_of,
     finish,
     one_line_error,
     run_main,
     run_program,
+    run_with_stdout_closed,
     start,
 )
 
@@ -520,13 +518,8 @@ def test_cli_on_a_checkpoint_prints_evaluate_s_result(tmp_path, examples):
     assert proc.stdout == line
     # `hellaswag.py ... | head -1` with the reader gone first: exit 0, nothing on stderr (no
     # BrokenPipeError's traceback)
-    command = command_of("hellaswag.py", argv)
-    proc = subprocess.Popen(
-        command, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    )
-    proc.stdout.close()
-    _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0 and err == b"", err.decode()[-2000:]
+    returncode, err = run_with_stdout_closed("hellaswag.py", argv)
+    assert returncode == 0 and err == "", err[-2000:]
 
 
 GOOD = {"ctx": "A man", "endings": ["a", "b", "c", "d"], "label": 1}

@@ -6,18 +6,16 @@ absurd size are one line on stderr (through main(), in this process)."""
 import math
 import os
 import re
-import subprocess
 
 import pytest
 import torch
 from conftest import (
     cases,
-    child_env,
-    command_of,
     make_corpus,
     one_line_error,
     run_main,
     run_program,
+    run_with_stdout_closed,
     tiny_config,
 )
 
@@ -114,15 +112,8 @@ def test_a_closed_stdout_ends_the_printing_quietly(checkpoint):
     # `sample.py ... | head -1`: the reader is gone before the samples are printed; exit 0 and
     # nothing on stderr, as train_gpt2.py does (no BrokenPipeError's traceback)
     flags = ["--init_from", checkpoint, "--max_new_tokens", 20]
-    proc = subprocess.Popen(
-        command_of("sample.py", flags),
-        env=child_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    proc.stdout.close()
-    _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0 and err == b"", err.decode()[-2000:]
+    returncode, err = run_with_stdout_closed("sample.py", flags)
+    assert returncode == 0 and err == "", err[-2000:]
 
 
 @pytest.mark.gpt2_contract  # GPT-2's weights, imported: a model edit changes what loads

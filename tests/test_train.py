@@ -23,15 +23,18 @@ from conftest import (
     child_env,
     descendants,
     finish,
+    no_position_table,
     one_line_error,
     read_log,
     run_main,
     run_program,
     start,
-    tiny_config,
     tiny_flags,
     torchrun,
     wait_for,
+)
+from conftest import (
+    train_tiny as train,
 )
 
 import fineweb
@@ -39,12 +42,6 @@ import plot
 import train_gpt2
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def train(data_root, log_dir, **overrides):
-    lines = []
-    result = train_gpt2.train(tiny_config(data_root, log_dir, **overrides), log=lines.append)
-    return result, lines
 
 
 def checkpoint(log_dir, step):
@@ -372,19 +369,6 @@ def gpt2_directory(path, **extra):
     config = GPT2Config(n_positions=32, n_layer=1, n_head=2, n_embd=32, **extra)
     GPT2LMHeadModel(config).save_pretrained(path)
     return path
-
-
-def no_position_table(monkeypatch):
-    # ALiBi's or RoPE's edit as the weights see it (in a fork without one: nothing to delete)
-    build = train_gpt2.GPT.__init__
-
-    def edited(self, config):
-        build(self, config)
-        if "wpe" in self.transformer:
-            del self.transformer["wpe"]
-
-    monkeypatch.setattr(train_gpt2.GPT, "__init__", edited)
-    return "transformer.wpe.weight"
 
 
 def a_wider_mlp(monkeypatch):
