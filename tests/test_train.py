@@ -70,7 +70,8 @@ def assert_same_state(a, b, where=""):
         for i, (x, y) in enumerate(zip(a, b)):
             assert_same_state(x, y, f"{where}.{i}")
     elif isinstance(a, torch.Tensor):
-        assert a.dtype == b.dtype and torch.equal(a, b), where
+        same = a.dtype == b.dtype and torch.equal(a, b)
+        assert same, where
     else:
         assert a == b, where
 
