@@ -68,7 +68,8 @@ def assert_same_state(a, b, where=""):
         for i, (x, y) in enumerate(zip(a, b)):
             assert_same_state(x, y, f"{where}.{i}")
     elif isinstance(a, torch.Tensor):
-        assert a.dtype == b.dtype and torch.equal(a, b), where
+        same = a.dtype == b.dtype and torch.equal(a, b)
+        assert same, where
     else:
         assert a == b, where
 
@@ -362,13 +363,13 @@ def test_a_checkpoint_without_parameter_names_is_checked_by_their_number(
         train(small_corpus, tmp_path / "b", max_steps=4, resume=source)
 
 
-def gpt2_directory(path, **extra):
+def gpt2_model(path, **extra):
     # a randomly initialised transformers GPT-2 (GPT-2's vocabulary, one small layer), saved
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    config = GPT2Config(n_positions=32, n_layer=1, n_head=2, n_embd=32, **extra)
-    GPT2LMHeadModel(config).save_pretrained(path)
-    return path
+    model = GPT2LMHeadModel(GPT2Config(n_positions=32, n_layer=1, n_head=2, n_embd=32, **extra))
+    model.save_pretrained(path)
+    return model
 
 
 def a_wider_mlp(monkeypatch):
@@ -380,23 +381,33 @@ def a_wider_mlp(monkeypatch):
         self.c_proj = torch.nn.Linear(8 * config.n_embd, config.n_embd)
 
     monkeypatch.setattr(train_gpt2.MLP, "__init__", edited)
-    return "transformer.h.0.mlp.c_fc.weight"
 
 
 @pytest.mark.parametrize("edit", [no_position_table, a_wider_mlp])
 def test_init_from_gpt2_into_a_model_that_cannot_take_its_weights_is_one_line(
     gpt2_corpus, tmp_path, monkeypatch, capsys, quiet_transformers, edit
 ):
-    # GPT-2's weights into an edited model that has no place for one of them: the model is named
-    # as edited, not the directory as not GPT-2. A directory that is not GPT-2 still is.
-    gpt2 = gpt2_directory(tmp_path / "gpt2")
-    relu = gpt2_directory(tmp_path / "relu", activation_function="relu")
-    weight = edit(monkeypatch)
-    argv = tiny_flags(gpt2_corpus, tmp_path / "run", max_steps=2, init_from=gpt2)
-    message = f"{gpt2}: this edited model cannot take GPT-2's weights ({weight} differs)"
+    # GPT-2's weights into an edited model that has no place for one of them: the model is said
+    # to be edited, naming a weight it and GPT-2 do not share (the first such, in a fork that
+    # differs more), not the directory to be other than GPT-2. A directory that is not GPT-2
+    # still is.
+    gpt2 = gpt2_model(tmp_path / "gpt2").state_dict()
+    gpt2_model(tmp_path / "relu", activation_function="relu")
+    edit(monkeypatch)
+    argv = tiny_flags(gpt2_corpus, tmp_path / "run", max_steps=2, init_from=tmp_path / "gpt2")
+    code, err = run_main(train_gpt2.main, argv, capsys)
+    message = f"{tmp_path / 'gpt2'}: this edited model cannot take GPT-2's weights ("
+    one_line_error(code, err, "train_gpt2.py", message)
+    named = re.search(r"GPT-2's weights \((\S+) differs\)", err).group(1)
+    config = train_gpt2.GPTConfig(block_size=32, n_layer=1, n_head=2, n_embd=32)
+    ours = train_gpt2.GPT(config).state_dict()  # (edited)
+    assert named in ours or named in gpt2, named
+    if named in ours and named in gpt2:
+        theirs = gpt2[named].t() if named.endswith(train_gpt2.HF_TRANSPOSED) else gpt2[named]
+        assert ours[named].shape != theirs.shape, named
+    argv = tiny_flags(gpt2_corpus, tmp_path / "run", max_steps=2, init_from=tmp_path / "relu")
+    message = f"{tmp_path / 'relu'}: not GPT-2"
     one_line_error(*run_main(train_gpt2.main, argv, capsys), "train_gpt2.py", message)
-    argv = tiny_flags(gpt2_corpus, tmp_path / "run", max_steps=2, init_from=relu)
-    one_line_error(*run_main(train_gpt2.main, argv, capsys), "train_gpt2.py", f"{relu}: not GPT-2")
     assert not (tmp_path / "run").exists()
 
 
