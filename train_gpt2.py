@@ -90,6 +90,7 @@ class TrainConfig(ModelConfig):
     data_root: str = "edu_fineweb10B"  # fineweb.py's output directory (shards, manifest.json)
     log_dir: str = "log"  # log.txt, runs.jsonl, code/, checkpoints and curves.png go here
     shuffle: bool = False  # each epoch in a seeded order, on a window grid moved each epoch
+    curves: bool = True  # draw curves.png at checkpoints (at most once a minute) and at the end
     # the model: from scratch (ModelConfig's fields) or from weights
     init_from: str = "scratch"  # scratch | gpt2 | gpt2-medium | ... | HF_DIR | CHECKPOINT.pt
     # batch
@@ -1744,7 +1745,7 @@ def run(cfg, rank, local_rank, world_size, device, log, code):
                             old.unlink()
                 if ddp:
                     dist.barrier()  # nobody races ahead (or exits) before the file exists
-                if master_process:
+                if master_process and cfg.curves:
                     plot.refresh(log_dir, log, force=last_step or stopping)
             if last_step:
                 break

@@ -57,6 +57,7 @@ TINY = dict(
     ckpt_interval=6,
     compile="false",
     device="cpu",
+    curves=False,  # matplotlib's picture takes seconds on a small CPU: drawn where it is tested
 )
 
 

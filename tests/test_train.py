@@ -470,6 +470,14 @@ def test_a_new_run_is_refused_where_another_logged_and_a_failed_start_leaves_not
     assert not (tmp_path / "new").exists()
 
 
+def test_a_run_draws_its_curves_unless_told_not_to(small_corpus, tmp_path):
+    # (the tests' runs draw none: matplotlib takes seconds a picture on a small CPU)
+    train(small_corpus, tmp_path / "drawn", max_steps=2, curves=True)
+    assert (tmp_path / "drawn" / "curves.png").read_bytes().startswith(b"\x89PNG")
+    train(small_corpus, tmp_path / "not", max_steps=2, curves=False)
+    assert not (tmp_path / "not" / "curves.png").exists()
+
+
 def test_each_start_records_its_config_code_versions_and_device(small_corpus, tmp_path):
     train(small_corpus, tmp_path, max_steps=4, ckpt_interval=2)
     (tmp_path / "model_00004.pt").unlink()
@@ -487,7 +495,6 @@ def test_each_start_records_its_config_code_versions_and_device(small_corpus, tm
         assert (tmp_path / runs[0]["code"][name]).read_bytes() == (ROOT / name).read_bytes()
     if runs[0]["git"] is not None:  # a git checkout: its commit, and its diff if any
         assert len(runs[0]["git"]["commit"]) == 40
-    assert (tmp_path / "curves.png").read_bytes().startswith(b"\x89PNG")
 
 
 def test_a_torn_log_line_is_not_joined_to_the_next_record(small_corpus, tmp_path):
