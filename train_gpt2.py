@@ -57,10 +57,12 @@ except KeyboardInterrupt:
 # Configuration
 
 
-# At most this many micro-batches a step (on one process), and tokens a printed sample: a typo
-# past them would hang a run in one step or one sample.
+# At most this many micro-batches a step (on one process), tokens a printed sample, and layers
+# (GPT-3 175B has 96): a typo past them would hang a run in one step, one sample, or in counting
+# the model's parameters, a module at a time, before it is built.
 MAX_MICRO_STEPS = 2**16
 MAX_SAMPLE_LENGTH = 2048
+MAX_LAYERS = 1024
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -161,6 +163,11 @@ class TrainConfig(ModelConfig):
             raise ValueError(
                 f"--sample_length must be at most {MAX_SAMPLE_LENGTH:,} tokens: the samples are"
                 " a glance at the model, and a stop request waits for them"
+            )
+        if self.n_layer > MAX_LAYERS:
+            raise ValueError(
+                f"--n_layer must be at most {MAX_LAYERS:,} (GPT-3 175B has 96): more is a typo,"
+                " and counting its parameters would take minutes"
             )
         if self.val_tokens % (self.batch_size * self.seq_len):
             raise ValueError("--val_tokens must be a multiple of --batch_size x --seq_len")
@@ -349,15 +356,16 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         # weight tying: the token table is also the output projection
         self.transformer.wte.weight = self.lm_head.weight
-        self.apply(self._init_weights)
+        # the two projections per block that add to the residual stream
+        blocks = self.transformer.h
+        residual = {b.attn.c_proj for b in blocks} | {b.mlp.c_proj for b in blocks}
+        self.apply(lambda module: self._init_weights(module, module in residual))
 
-    def _init_weights(self, module):
+    def _init_weights(self, module, adds_to_residual):
         # GPT-2's init: N(0, 0.02) weights, zero biases; LayerNorms keep their ones and zeros.
-        # The two projections per block that add to the residual stream (c_proj) are scaled
-        # down, so that the stream's variance stays O(1) however deep the model.
-        residual = [b.attn.c_proj for b in self.transformer.h]
-        residual += [b.mlp.c_proj for b in self.transformer.h]
-        std = 0.02 * (2 * self.config.n_layer) ** -0.5 if module in residual else 0.02
+        # The projections that add to the residual stream (c_proj) are scaled down, so that the
+        # stream's variance stays O(1) however deep the model.
+        std = 0.02 * (2 * self.config.n_layer) ** -0.5 if adds_to_residual else 0.02
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=std)
         if isinstance(module, nn.Linear) and module.bias is not None:

@@ -970,6 +970,7 @@ BAD_INPUTS = [
     (["--total_batch_size", str(2**100)], "--total_batch_size must be below 2**63"),
     (["--total_batch_size", str(2**30)], "micro-batches of --batch_size x --seq_len a step: at"),
     (["--sample_length", "1000000000"], "--sample_length must be at most 2,048 tokens"),
+    (["--n_layer", "100000"], "--n_layer must be at most 1,024 (GPT-3 175B has 96)"),
     (["--weight_decay", "1e300"], "AdamW scales the weights by 1 - lr x weight_decay"),
     # a log_dir that cannot be one, and special files where the run writes its records
     (["--log_dir", "{tmp}/text.pt"], "cannot use --log_dir {tmp}/text.pt (File exists"),
