@@ -429,12 +429,15 @@ BAD_INPUTS = {
     "an untied head": (untied, ["{root}/model.pt", "{root}/out"], "GPT-2's format cannot hold"),
     "the exact GELU": (erf_gelu, ["{root}/model.pt", "{root}/out"], "GPT-2's format cannot hold"),
     "capped logits": (soft_capped, ["{root}/model.pt", "{root}/out"], "GPT-2's format cannot"),
+    # (the first weight named is the fork's own where it differs more: QK-norm's k_norm)
     "no position table": (
         no_position_table,
         ["{root}/model.pt", "{root}/out"],
-        "GPT-2's format cannot hold this model: transformer.wpe.weight differs",
+        "GPT-2's format cannot hold this model: transformer.",
     ),
 }
+# an export that gets as far as writing: only a model GPT-2's format holds
+WRITES = {"OUT_DIR in a file"}
 
 
 def test_an_edit_seen_only_at_distant_positions_is_refused(tmp_path, capsys, monkeypatch):
@@ -457,7 +460,10 @@ def test_an_edit_seen_only_at_distant_positions_is_refused(tmp_path, capsys, mon
 
 # a FIFO opened would block for good: the timeout fails the test rather than hang
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("name", BAD_INPUTS)
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=pytest.mark.gpt2_contract) if n in WRITES else n for n in BAD_INPUTS],
+)
 def test_bad_input_is_one_line(tmp_path, capsys, monkeypatch, name):
     edit, args, message = BAD_INPUTS[name]
     # train_gpt2.GPT edited before its checkpoint is made: it loads, but the exported model
