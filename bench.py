@@ -57,7 +57,6 @@ from train_gpt2 import (
     DataLoaderLite,
     GPTConfig,
     TrainConfig,
-    console,
     evaluate_val_loss,
     peak_flops,
     pick_device,
@@ -585,7 +584,7 @@ def main(argv=None):
         # printed first: a --json that cannot be written loses none of the minutes; a closed
         # stdout (`| head`) ends the printing quietly, as in train_gpt2.py, and the file is written
         for line in report(results):
-            console(line)
+            fineweb.say(line)
         if args.json:
             text = json.dumps(results, indent=1)
             fineweb.write_atomic(Path(args.json), lambda f: f.write(text.encode()))

@@ -212,9 +212,7 @@ def main(argv=None):
     except (ValueError, OSError) as e:
         sys.exit(f"export_hf.py: error: {' '.join(str(e).split())}")
     # a closed stdout (`| head`) ends the printing quietly, as in train_gpt2.py: the export is done
-    train_gpt2.console(
-        f"wrote {out}: load it with AutoModelForCausalLM.from_pretrained({str(out)!r})"
-    )
+    fineweb.say(f"wrote {out}: load it with AutoModelForCausalLM.from_pretrained({str(out)!r})")
 
 
 if __name__ == "__main__":

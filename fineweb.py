@@ -52,6 +52,7 @@ import shutil
 import signal
 import stat
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -599,15 +600,31 @@ def small_val_size(n, starts):
     return min(near, key=lambda s: abs(s - target), default=target)
 
 
+# the temp files .{name}.tmp{pid} beside path that are over a minute old: their writers are gone
+def remove_stale_temps(path):
+    prefix = f".{path.name}.tmp"
+    for other in path.parent.iterdir():
+        if not other.name.startswith(prefix) or not other.name[len(prefix) :].isdigit():
+            continue
+        try:
+            if time.time() - other.stat().st_mtime > 60:
+                other.unlink()
+        except FileNotFoundError:
+            continue
+
+
 # write(f) into a temp file beside path (its directory made if need be), fsync, rename over
 # path: path is then the whole new file, or what it was. A failed write (a full disk) leaves no
 # temp file behind, and its OSError names path. The temp name is fixed (a rerun writes over
 # what a killed run left), or with unique, the process's own: for a file two programs may write
-# at once.
+# at once; then the temp files of writers killed meanwhile are removed once a minute old (no
+# live writer holds one that long).
 def write_atomic(path, write, unique=False):
     tmp = path.with_name(f".{path.name}.tmp{os.getpid() if unique else ''}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        if unique:
+            remove_stale_temps(path)
         with open(tmp, "wb") as f:
             write(f)
             f.flush()
@@ -1062,8 +1079,9 @@ class Stop:
             self.immediate = False
 
 
-# a line on stdout; a stdout that fails (a full disk, a closed pipe) ends the printing, not the
-# run: the corpus is what must survive
+# a line on stdout; a stdout that fails (a full disk, a closed pipe, a gone terminal) ends the
+# printing, not the program: what it writes to disk (a corpus, a run's log and checkpoints) is
+# what must survive
 def say(line):
     try:
         print(line, flush=True)

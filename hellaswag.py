@@ -39,6 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 
+import fineweb
+
 COLUMNS = ("ctx", "endings", "label")
 # rows per forward pass: the logits take rows x longest x vocab
 BATCH_ROWS = 64
@@ -384,12 +386,9 @@ def main(argv=None):
         # one line, even for a library's multi-line message
         message = " ".join(str(e).split())
         sys.exit(f"hellaswag.py: error: {message}")
-    # a closed stdout (`| head`) ends the printing quietly, as in train_gpt2.py (imported here,
-    # not at the top: train_gpt2 imports this module)
-    from train_gpt2 import console
-
+    # a closed stdout (`| head`) ends the printing quietly, as in train_gpt2.py
     scores = f"acc {result['acc']:.4f} acc_norm {result['acc_norm']:.4f}"
-    console(f"{scores} over {result['n']} examples")
+    fineweb.say(f"{scores} over {result['n']} examples")
 
 
 if __name__ == "__main__":

@@ -281,8 +281,8 @@ def write_png(out, fig):
     The PNG is drawn into memory first, so the temp file beside out lives only while its bytes
     are written (milliseconds), not for the second matplotlib takes. Its name is this process's
     own (write_atomic's unique): the trainer and a plot.py run may write curves.png at the same
-    moment. A writer killed then (kill -9) leaves its temp file: the next write of out removes
-    any such file older than a minute, which no live writer still holds.
+    moment. A writer killed then (kill -9) leaves its temp file, which the next write of out
+    removes (write_atomic's unique).
     """
     out = Path(out)
     buffer = io.BytesIO()
@@ -294,15 +294,6 @@ def write_png(out, fig):
             fig.savefig(buffer, format="png", dpi=100)
         except ValueError as e:
             raise ValueError(f"cannot draw {out}: {e}") from None
-    prefix = f".{out.name}.tmp"
-    for path in out.parent.iterdir():
-        if not path.name.startswith(prefix) or not path.name[len(prefix) :].isdigit():
-            continue
-        try:
-            if time.time() - path.stat().st_mtime > 60:
-                path.unlink()
-        except FileNotFoundError:
-            continue
     fineweb.write_atomic(out, lambda f: f.write(buffer.getvalue()), unique=True)
     return out
 

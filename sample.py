@@ -21,6 +21,7 @@ import os
 import sys
 from pathlib import Path
 
+import fineweb
 import train_gpt2
 
 # new tokens a sample when neither --max_new_tokens nor --max_length is given
@@ -142,7 +143,7 @@ def main(argv=None):
         sys.exit(f"sample.py: error: {message}")
     # a closed stdout (`sample.py | head -1`) ends the printing quietly, as in train_gpt2.py
     for i, text in enumerate(texts):
-        train_gpt2.console(f"sample {i}: {text}")
+        fineweb.say(f"sample {i}: {text}")
 
 
 if __name__ == "__main__":

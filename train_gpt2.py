@@ -3,16 +3,15 @@ GPT-2 pretraining in one file, read top to bottom: config, model, data loader, l
 schedule, devices and distributed set-up, evaluation, checkpoints and stop signals, the training
 loop and the command line.
 
-    python fineweb.py --local input.txt --tokenizer char --out_dir data/shakespeare_char
     python train_gpt2.py --preset shakespeare_char   # a character model: minutes on a CPU
     torchrun --standalone --nproc_per_node=8 train_gpt2.py --preset gpt2-124M   # 10B tokens
 
 The data is fineweb.py's uint16 token shards and their manifest.json (fineweb.py also holds the
 tokenizers); hellaswag.py scores HellaSwag and plot.py draws the curves. A run writes into
 --log_dir: log.txt (`step kind value` lines), runs.jsonl (a line per start: the config, the data,
-the versions, the device, and the code that ran, kept in code/), checkpoints model_{step:05d}.pt
-and curves.png. `python plot.py log/a log/b` compares two runs. Importing this module does
-nothing but define things.
+the versions, the device, and the code that ran, kept in code/; a line per end: the result),
+checkpoints model_{step:05d}.pt and curves.png. `python plot.py log/a log/b` compares two runs.
+Importing this module does nothing but define things.
 """
 
 import argparse
@@ -1256,7 +1255,6 @@ def keep(log_dir, name, data):
     # data kept once under log_dir (kept_name); the relative path
     kept = kept_name(name, data)
     if not (log_dir / kept).exists():
-        (log_dir / "code").mkdir(exist_ok=True)
         fineweb.write_atomic(log_dir / kept, lambda f: f.write(data))
     return kept
 
@@ -1277,6 +1275,11 @@ def record_run(log_dir, record, code):
         "cuda": torch.version.cuda,
     }
     record["time"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    append_record(log_dir, record)
+
+
+def append_record(log_dir, record):
+    # one line of runs.jsonl, appended whole or not at all
     with open_lines(log_dir / "runs.jsonl") as f:
         write_lines(f, json.dumps(record) + "\n")
 
@@ -1294,14 +1297,20 @@ def record_result(log_dir, status, steps, device):
     # the last value of every kind of log.txt (as logged there: tokens, time, val, bpb, hella,
     # a fork's metric) but the bookkeeping, and its peak memory. Returned as a summary line.
     series = plot.read_log(log_dir / "log.txt")
-    result = {"status": status, "steps": steps, "tokens": None, "time": None}
-    result["peak_memory_gb"] = round(peak_memory_gb(device), 3)
-    result.update(val=None, bpb=None, hella=None)
+    result = {
+        "status": status,
+        "steps": steps,
+        "tokens": None,
+        "time": None,
+        "peak_memory_gb": round(peak_memory_gb(device), 3),
+        "val": None,
+        "bpb": None,
+        "hella": None,
+    }
     for kind, points in series.items():
-        if kind in ("tokens", "time") or kind not in plot.BOOKKEEPING:
+        if kind not in plot.BOOKKEEPING - {"tokens", "time"}:
             result[kind] = int(points[-1][1]) if kind == "tokens" else points[-1][1]
-    with open_lines(log_dir / "runs.jsonl") as f:
-        write_lines(f, json.dumps({"result": result}) + "\n")
+    append_record(log_dir, {"result": result})
     shown = [
         f"{k} {v}" for k, v in result.items() if v is not None and k not in ("status", "steps")
     ]
@@ -1386,11 +1395,10 @@ def check_fits(config, device):
     # (float32 weights and gradients, and AdamW's two moments).
     with torch.device("meta"):
         n = sum(p.numel() for p in GPT(config).parameters())
-    where = "GPU" if device.startswith("cuda") else "machine"
     if device.startswith("cuda"):
-        memory = torch.cuda.get_device_properties(device).total_memory
+        where, memory = "GPU", torch.cuda.get_device_properties(device).total_memory
     else:
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        where, memory = "machine", os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if 16 * n > memory:
         raise ValueError(
             f"a model of {n:,} parameters does not fit in memory: it takes"
@@ -1612,7 +1620,7 @@ def run(cfg, rank, local_rank, world_size, device, log, code):
         check_log_dir(log_dir, start_step, continues, cfg.resume)
         # the code as read at the start, and any module of this checkout imported since
         code["sources"].update(read_code(code["sources"]))
-        kept = {name: kept_name(name, data) for name, data in code["sources"].items()}
+        kept = {name: kept_name(name, source) for name, source in code["sources"].items()}
         # A resume under other code than its checkpoint's (a logging fix mid-run) goes on, said
         # in one line and recorded with this start's step.
         saved = ckpt.get("code") if ckpt is not None else None
@@ -1936,20 +1944,11 @@ def continue_command(argv):
     return shlex.join(launcher + [os.path.relpath(__file__), *kept, "--resume", "auto"])
 
 
-def console(line):
-    # a line on stdout; a closed stdout (`| head`, a gone terminal) ends the printing, not the
-    # run: log.txt and the checkpoints are what must survive
-    try:
-        print(line, flush=True)
-    except OSError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-
-
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     try:
         cfg = parse_args(argv)
-        result = train(cfg, log=console)
+        result = train(cfg, log=fineweb.say)
     except RuntimeError as e:
         # a GPU's out of memory, or the CPU allocator's, at any step
         if not out_of_memory(e):
@@ -1967,7 +1966,7 @@ def main(argv=None):
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
     if result["stopped"] and os.environ.get("RANK", "0") == "0":
-        console(f"to continue: {continue_command(argv)}")
+        fineweb.say(f"to continue: {continue_command(argv)}")
 
 
 if __name__ == "__main__":
