@@ -1681,11 +1681,8 @@ def run(cfg, rank, local_rank, world_size, device, log, code):
     # model trains (wrapped in DDP, then compiled); raw_model evaluates and saves
     model = raw_model
     if ddp:
-        # A GPT's buffers (none in GPT-2; a RoPE table, a mask) are the same on every rank: not
-        # broadcast at each forward, a collective that would hang the val pass, whose ranks may
-        # run different numbers of batches (none, when val_tokens < B x T x world).
         model = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[device] if device_type == "cuda" else None, broadcast_buffers=False
+            model, device_ids=[device] if device_type == "cuda" else None
         )
     if cfg.compile == "true" or (cfg.compile == "auto" and device_type == "cuda"):
         # after DDP: dynamo splits the graph at DDP's buckets, so all-reduces overlap backward
