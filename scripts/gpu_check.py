@@ -39,10 +39,12 @@ CASES = {
 TIGHT = (1e-3, 1e-4)  # the logits' max abs and the losses' max relative difference: fp32
 LOOSE = (0.05, 5e-3)  # bf16
 # B=64 x T=1024 is the recipe's micro-batch, its val pass 160 of them (10,485,760 tokens); the
-# HellaSwag val split has 10,042 examples
+# HellaSwag val split has 10,042 examples; steps: the trainer's run before its resume
 SIZES = {
-    "gpu": dict(case="gpt2-124M", T=1024, batches=[64, 32, 16], val_batches=160, hellaswag=10042),
-    "cpu": dict(case="tiny", T=32, batches=[4, 2, 1], val_batches=8, hellaswag=16),
+    "gpu": dict(
+        case="gpt2-124M", T=1024, batches=[64, 32, 16], val_batches=160, hellaswag=10042, steps=20
+    ),
+    "cpu": dict(case="tiny", T=32, batches=[4, 2, 1], val_batches=8, hellaswag=16, steps=4),
 }
 
 
@@ -208,9 +210,12 @@ def run_logged(check, argv, name):
 
 def stage_train(check, resume):
     # torchrun train_gpt2.py --preset gpt2-124M on one rank, 2 micro-steps of stage step's first
-    # B, on input.txt in GPT-2's tokens (its first 100,000 val): 20 steps, every evaluation
-    # every 10, a checkpoint at the end; resume: 10 steps more from it
+    # B, on input.txt in GPT-2's tokens (its first 100,000 val): 20 steps (4 in the smoke),
+    # every evaluation at the half and at the end, a checkpoint at the end; resume: half as many
+    # steps more from it
     B = check.sizes["batches"][0]
+    steps = check.sizes["steps"]
+    every = steps // 2
     T = check.sizes["T"]
     data = check.run_dir / "corpus"
     if not resume:
@@ -219,9 +224,10 @@ def stage_train(check, resume):
         examples = bench.synthetic_examples(100 if check.device == "cuda" else 8, T, SEED)
         lines = "".join(json.dumps(example) + "\n" for example in examples)
         (check.run_dir / "hellaswag.jsonl").write_text(lines)
-    flags = dict(data_root=data, log_dir=check.run_dir / "train_log", max_steps=20 + 10 * resume)
-    flags.update(total_batch_size=2 * B * T, val_tokens=B * T, eval_interval=10)
-    flags.update(hellaswag_interval=10, sample_interval=10, resume="auto" if resume else "")
+    log_dir = check.run_dir / "train_log"
+    flags = dict(data_root=data, log_dir=log_dir, max_steps=steps + every * resume)
+    flags.update(total_batch_size=2 * B * T, val_tokens=B * T, eval_interval=every)
+    flags.update(hellaswag_interval=every, sample_interval=every, resume="auto" if resume else "")
     flags.update(hellaswag_data=check.run_dir / "hellaswag.jsonl")
     if check.device == "cpu":
         flags.update(batch_size=B, seq_len=T, n_layer=2, n_head=2, n_embd=32)
@@ -231,8 +237,8 @@ def stage_train(check, resume):
     argv += [f"--{k}={v}" for k, v in flags.items()]
     t0 = time.monotonic()
     output = run_logged(check, argv, "resume.log" if resume else "train.log")
-    series = plot.read_log(check.run_dir / "train_log" / "log.txt")
-    ms = [v for s, v in series["ms"] if s >= 20 * resume]
+    series = plot.read_log(log_dir / "log.txt")
+    ms = [v for s, v in series["ms"] if s >= steps * resume]
     result = dict(wall_s=time.monotonic() - t0, first_step_s=ms[0] / 1000)
     result["loop_ms"] = statistics.median(ms[1:])
     # against stage step's, twice (the loop's 2 micro-steps)

@@ -25,6 +25,7 @@ def records(out):
     return [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_the_cpu_smoke_runs_every_stage_and_packs_one_archive(tmp_path):
     env = child_env(PYTHON=sys.executable)
     proc = run_program(
@@ -134,12 +135,12 @@ def test_the_reference_holds_both_cases():
 
 
 @pytest.mark.gpt2_contract
-@pytest.mark.parametrize("case", ["tiny", "gpt2-124M"])
-def test_the_cpu_makes_gpt2s_reference(case, one_thread):
+def test_the_cpu_makes_gpt2s_reference(one_thread):
     # what the GPU runs are held to is this model's, in float32 on a CPU (after an edit of the
-    # model: python scripts/gpu_check.py --make-reference)
-    reference = json.loads(gpu_check.REFERENCE.read_text())["cases"][case]
-    got = gpu_check.run_case(case, "cpu", False, None)
+    # model: python scripts/gpu_check.py --make-reference). The tiny case: the 124M one comes
+    # from the same run_case and the same GPT-2 vocabulary, at 20 s of a 2-core CPU.
+    reference = json.loads(gpu_check.REFERENCE.read_text())["cases"]["tiny"]
+    got = gpu_check.run_case("tiny", "cpu", False, None)
     assert got["init"] == pytest.approx(reference["init"], rel=1e-9)
     assert got["losses"] == pytest.approx(reference["losses"], rel=1e-5)
     assert got["logits"] == pytest.approx(reference["logits"], abs=1e-4)
