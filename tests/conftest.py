@@ -37,6 +37,13 @@ os.environ.update(
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["OMP_NUM_THREADS"] = "1"
 
+
+def pytest_collection_modifyitems(items):
+    # The slow tests first: `pytest -n 2` hands tests out in order, and a long one handed out
+    # last keeps one worker busy after the other has finished.
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR")
 
 # A model and batch small enough for a CPU test: any GPT that GPTConfig builds trains with them.
@@ -79,15 +86,17 @@ def documents(n, seed=0):
 
 
 def make_corpus(out_dir, docs, tokenizer="char", shard_size=None):
-    """A corpus of `docs` written by fineweb.py (in a real process), as a user makes one."""
+    """A corpus of `docs` written by fineweb.py's command line (in this process: the tests of
+    fineweb.py run it as a real process), as a user makes one."""
+    import fineweb
+
     out_dir = Path(out_dir)
     text = out_dir.with_name(out_dir.name + ".txt")
     text.write_text("\n\n\n".join(docs) + "\n")
     args = ["--local", str(text), "--tokenizer", tokenizer, "--out_dir", str(out_dir)]
     if shard_size:
         args += ["--shard_size", str(shard_size)]
-    proc = run_program("fineweb.py", args)
-    assert proc.returncode == 0, proc.stderr
+    fineweb.main(args)
     return out_dir
 
 

@@ -25,7 +25,6 @@ from conftest import (
     finish,
     one_line_error,
     run_main,
-    run_program,
     run_with_stdout_closed,
     start,
 )
@@ -503,8 +502,8 @@ def make_checkpoint(path, tokenizer="gpt2", block_size=64, nan=False):
     return path
 
 
-def test_cli_on_a_checkpoint_prints_evaluate_s_result(tmp_path, examples):
-    # the plumbing, in a real process: what evaluate() gives this process, printed
+def test_cli_on_a_checkpoint_prints_evaluate_s_result(tmp_path, examples, capsys):
+    # the command line prints what evaluate() gives
     ckpt = make_checkpoint(tmp_path / "model_00010.pt")
     data = tmp_path / "val.jsonl"
     data.write_text(rowanz(examples))
@@ -512,12 +511,11 @@ def test_cli_on_a_checkpoint_prints_evaluate_s_result(tmp_path, examples):
     prepared = hellaswag.prepare(examples[:10], enc, gpt.config.block_size)
     expected = hellaswag.evaluate(gpt, prepared, "cpu")
     argv = ["--model", ckpt, "--data", data, "--limit", 10, "--device", "cpu"]
-    proc = run_program("hellaswag.py", argv)
-    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    hellaswag.main([str(a) for a in argv])
     line = f"acc {expected['acc']:.4f} acc_norm {expected['acc_norm']:.4f} over 10 examples\n"
-    assert proc.stdout == line
-    # `hellaswag.py ... | head -1` with the reader gone first: exit 0, nothing on stderr (no
-    # BrokenPipeError's traceback)
+    assert capsys.readouterr() == (line, "")
+    # a real process, `hellaswag.py ... | head -1` with the reader gone first: exit 0, nothing
+    # on stderr (no BrokenPipeError's traceback)
     returncode, err = run_with_stdout_closed("hellaswag.py", argv)
     assert returncode == 0 and err == "", err[-2000:]
 

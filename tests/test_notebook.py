@@ -8,9 +8,10 @@ import sys
 import nbclient
 import nbformat
 import pytest
-from conftest import ROOT, child_env, run_program
+from conftest import ROOT, child_env, train_tiny
 from test_plot import write_log, write_runs
 
+import fineweb
 import plot
 
 NOTEBOOK = ROOT / "play.ipynb"
@@ -148,16 +149,10 @@ def test_notebook_on_a_local_hugging_face_gpt2(tmp_path):
 def test_notebook_on_our_character_level_checkpoint_and_its_run(tmp_path):
     corpus = tmp_path / "data"
     run = tmp_path / "run"
-    made = run_program(
-        "fineweb.py", ["--local", "input.txt", "--tokenizer", "char", "--out_dir", corpus]
+    fineweb.main(
+        ["--local", str(ROOT / "input.txt"), "--tokenizer", "char", "--out_dir", str(corpus)]
     )
-    assert made.returncode == 0, made.stderr
-    args = ["--data_root", corpus, "--log_dir", run, "--n_layer", "2", "--n_head", "2"]
-    args += ["--n_embd", "32", "--batch_size", "4", "--seq_len", "32"]
-    args += ["--total_batch_size", "128", "--max_steps", "4", "--val_tokens", "128"]
-    args += ["--hellaswag_interval", "0", "--sample_interval", "0", "--device", "cpu"]
-    trained = run_program("train_gpt2.py", args)
-    assert trained.returncode == 0, trained.stderr
+    train_tiny(corpus, run, seq_len=32, max_steps=4)
     vocab = json.loads((corpus / "manifest.json").read_text())["vocab"]
     text, figures = execute(run / "model_00004.pt", run)
 

@@ -21,10 +21,8 @@ import torch
 from conftest import (
     ROOT,
     child_env,
-    default_signals,
     finish,
     read_log,
-    run_program,
     start,
     tiny_flags,
     torchrun,
@@ -244,8 +242,16 @@ def test_a_presets_first_run_makes_its_data_as_the_readme_command_does(tmp_path)
     for proc in procs:
         returncode, _, err = finish(proc)
         assert returncode == 0, err
-    args = ["--local", "input.txt", "--tokenizer", "char", "--out_dir", tmp_path / "readme"]
-    assert run_program("fineweb.py", args).returncode == 0
+    fineweb.main(
+        [
+            "--local",
+            str(ROOT / "input.txt"),
+            "--tokenizer",
+            "char",
+            "--out_dir",
+            str(tmp_path / "readme"),
+        ]
+    )
     made = fineweb.load_corpus(tmp_path / "data" / "shakespeare_char")
     readme = fineweb.load_corpus(tmp_path / "readme")
     assert made["fingerprint"] == readme["fingerprint"]
@@ -315,8 +321,8 @@ def test_ctrl_c_while_torch_loads_is_one_line(small_corpus, tmp_path):
 
 
 def test_thousands_of_shards_train_under_a_small_open_file_limit(tmp_path):
-    # 2,001 shards of 50 GPT-2 tokens (build-nanogpt's layout: no manifest), read shuffled by a
-    # process that may have 256 files open at once: the loader holds none between reads
+    # 2,001 shards of 50 GPT-2 tokens (build-nanogpt's layout: no manifest), read shuffled by
+    # this process with 256 files open at most: the loader holds none between reads
     corpus = tmp_path / "many"
     corpus.mkdir()
     rng = np.random.default_rng(0)
@@ -325,12 +331,11 @@ def test_thousands_of_shards_train_under_a_small_open_file_limit(tmp_path):
         tokens = rng.integers(0, fineweb.GPT2_VOCAB_SIZE, 50, dtype=np.uint16)
         np.save(corpus / f"shard_{split}_{i:06d}.npy", tokens)
 
-    def small_limit():
-        default_signals()
-        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
-
     batch = dict(batch_size=1, seq_len=16, total_batch_size=32, val_tokens=16)
-    args = tiny_flags(corpus, tmp_path / "log", max_steps=4, shuffle=True, **batch)
-    proc = start("train_gpt2.py", args, preexec_fn=small_limit)
-    returncode, _, err = finish(proc)
-    assert returncode == 0, err
+    limits = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, limits[1]))
+    try:
+        result, _ = train(corpus, tmp_path / "log", max_steps=4, shuffle=True, **batch)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, limits)
+    assert result["step"] == 4
