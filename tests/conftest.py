@@ -33,13 +33,13 @@ os.environ.update(
     TOKENIZERS_PARALLELISM="false",
     TMPDIR=os.path.join(CACHE, "tmp"),
 )
-# pytest -n 2 runs two test processes on a 2-core machine: one thread each
+# pytest -n 3 runs three test processes on a 2-core machine: one thread each
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["OMP_NUM_THREADS"] = "1"
 
 
 def pytest_collection_modifyitems(items):
-    # The slow tests first: `pytest -n 2` hands tests out in order, and a long one handed out
+    # The slow tests first: `pytest -n 3` hands tests out in order, and a long one handed out
     # last keeps one worker busy after the other has finished.
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 

@@ -27,7 +27,7 @@ def test_the_readme_is_short_and_starts_with_the_quick_start():
 
 def test_ci_runs_exactly_the_readmes_test_command():
     ci = (ROOT / ".ci" / "run").read_text()
-    command = "python -m pytest -q -n 2"
+    command = "python -m pytest -q -n 3"
     assert f"pip install -r requirements-dev.txt && {command}" in README
     assert "requirements-dev.txt" in ci and command in ci
 
