@@ -230,7 +230,8 @@ def stage_train(check, resume):
     flags.update(hellaswag_interval=every, sample_interval=every, resume="auto" if resume else "")
     flags.update(hellaswag_data=check.run_dir / "hellaswag.jsonl")
     if check.device == "cpu":
-        flags.update(batch_size=B, seq_len=T, n_layer=2, n_head=2, n_embd=32)
+        # toy sizes, and no curves.png (matplotlib's picture takes seconds of a small CPU)
+        flags.update(batch_size=B, seq_len=T, n_layer=2, n_head=2, n_embd=32, curves="false")
     # the rendezvous on the loopback: a GPU box offline may not resolve its own hostname
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--local-addr=127.0.0.1"]
     argv += ["--nproc_per_node=1", "train_gpt2.py", "--preset", "gpt2-124M"]

@@ -871,10 +871,11 @@ def test_a_signal_to_every_process_of_a_torchrun_launch_ends_it_with_exit_0(smal
 # rank 1 starts late; rank 0 says when it begins to wait for it in the rendezvous
 LATE_RANK_1 = """
 import os, runpy, sys, time
-import torch.distributed as dist
 
 if os.environ["RANK"] == "1":
     time.sleep(600)
+import torch.distributed as dist
+
 join = dist.init_process_group
 
 
