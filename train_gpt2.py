@@ -1704,7 +1704,8 @@ def run(cfg, rank, local_rank, world_size, device, log, code):
             # validation loss (and bits per byte) every eval_interval steps and at the end; a
             # stop asked for meanwhile ends the pass early and skips the rest of evaluation. The
             # plain model: compiling its eval-mode graph costs more than it saves
-            # (docs/benchmarks.md)
+            # (docs/benchmarks.md), and outside DDP no forward waits on the other ranks (they
+            # may score different numbers of batches)
             val_due = cfg.eval_interval and (step % cfg.eval_interval == 0 or last_step)
             if val_due and not stopping:
                 val_steps = cfg.val_tokens // (B * T)
