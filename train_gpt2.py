@@ -1197,14 +1197,26 @@ def read_code(known=()):
     # inside it, a .venv, aside) and not in `known`, read now: the code this run runs
     root = Path(__file__).resolve().parent
     environments = [Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()]
+
+    def ours(path):
+        return path.is_relative_to(root) and not any(path.is_relative_to(e) for e in environments)
+
+    # torch alone brings over a thousand modules from a few hundred directories: each directory
+    # is resolved once, and only the files of one inside the checkout
+    directories = {}
     code = {}
     for module in list(sys.modules.values()):
         file = getattr(module, "__file__", None) or ""
-        path = Path(file).resolve()
         # (a module made in memory may name a relative file of its own)
-        if not (file.endswith(".py") and os.path.isabs(file) and path.is_relative_to(root)):
+        if not (file.endswith(".py") and os.path.isabs(file)):
             continue
-        if any(path.is_relative_to(env) for env in environments):
+        directory = os.path.dirname(file)
+        if directory not in directories:
+            directories[directory] = ours(Path(directory).resolve())
+        if not directories[directory]:
+            continue
+        path = Path(file).resolve()
+        if not ours(path):
             continue
         name = path.relative_to(root).as_posix()
         if name not in known:
