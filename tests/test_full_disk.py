@@ -1,14 +1,29 @@
-"""Every writer on a full disk, as real processes: a file-size limit (RLIMIT_FSIZE, SIGXFSZ
-ignored) makes a large write fail as ENOSPC would. Each program ends with one line naming the
-file, leaves no temporary file behind, and a rerun with room finishes the job."""
+"""Every writer on a full disk: a file-size limit (RLIMIT_FSIZE, SIGXFSZ ignored) makes a large
+write fail as ENOSPC would. Each program ends with one line naming the file, leaves no temporary
+file behind, and a rerun with room finishes the job. fineweb.py runs as a real process (its
+workers inherit the limit); the trainer and the export run in this process, under the limit
+for as long as their main() runs."""
 
+import contextlib
 import resource
 import signal
 import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, child_env, documents, make_corpus, tiny_flags, train_tiny
+from conftest import (
+    ROOT,
+    child_env,
+    documents,
+    make_corpus,
+    one_line_error,
+    run_main,
+    tiny_flags,
+    train_tiny,
+)
+
+import export_hf
+import train_gpt2
 
 LIMIT = 20_000  # bytes a file may hold: logs and records fit, shards and checkpoints do not
 
@@ -23,10 +38,29 @@ def limited(program, args, limit=LIMIT):
     return subprocess.run(command, preexec_fn=set_limit, **pipes)
 
 
-def one_line_error(proc, program, path):
-    assert proc.returncode == 1, proc.stderr
-    assert proc.stderr.count("\n") == 1, proc.stderr
-    assert proc.stderr.startswith(f"{program}: error: cannot write {path}"), proc.stderr
+@contextlib.contextmanager
+def file_size_limit(limit):
+    """This process's writes past `limit` bytes of a file fail (EFBIG), its soft limit only:
+    lifted again at the end."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)
+
+
+def main_limited(main, args, limit, capsys):
+    """main(args) in this process under the limit: (exit status, stderr)."""
+    with file_size_limit(limit):
+        return run_main(main, args, capsys)
+
+
+def cannot_write(result, program, path):
+    code, err = result
+    one_line_error(code, err, program, f"cannot write {path}")
 
 
 def leftovers(root):
@@ -38,7 +72,7 @@ def test_fineweb_on_a_full_disk_then_with_room(tmp_path):
     text.write_text("\n\n\n".join(documents(60)) + "\n")
     args = ["--local", text, "--tokenizer", "char", "--out_dir", tmp_path / "data"]
     proc = limited("fineweb.py", args)
-    one_line_error(proc, "fineweb.py", tmp_path / "data")
+    cannot_write((proc.returncode, proc.stderr), "fineweb.py", tmp_path / "data")
     assert ".npy" in proc.stderr
     assert leftovers(tmp_path) == []
     # with room, the same command finishes; its shards are a clean build's
@@ -53,17 +87,19 @@ def test_fineweb_on_a_full_disk_then_with_room(tmp_path):
 # a limit at the run's first write (its code, kept in code/), then one halfway through the
 # checkpoint, in torch's zip writer
 @pytest.mark.parametrize("limit, name", [(30_000, "code/"), (200_000, "model_00002.pt")])
-def test_trainer_on_a_full_disk(tmp_path, small_corpus, limit, name):
+def test_trainer_on_a_full_disk(tmp_path, small_corpus, capsys, limit, name):
     log_dir = tmp_path / "log"
-    proc = limited("train_gpt2.py", tiny_flags(small_corpus, log_dir, max_steps=2), limit)
-    one_line_error(proc, "train_gpt2.py", log_dir / name)
+    args = tiny_flags(small_corpus, log_dir, max_steps=2)
+    cannot_write(
+        main_limited(train_gpt2.main, args, limit, capsys), "train_gpt2.py", log_dir / name
+    )
     assert leftovers(tmp_path) == []
     assert list(log_dir.glob("model_*")) == []
 
 
 @pytest.mark.parametrize("name", ["log.txt", "runs.jsonl"])
 def test_trainer_records_on_a_full_disk_name_the_file_and_leave_no_torn_line(
-    tmp_path, small_corpus, name
+    tmp_path, small_corpus, capsys, name
 ):
     # a log.txt (or runs.jsonl) near the limit: its next record fails mid-line; the error names
     # it, and the part written is cut off again, so every line stays whole
@@ -74,8 +110,8 @@ def test_trainer_records_on_a_full_disk_name_the_file_and_leave_no_torn_line(
     before = (log_dir / name).read_bytes()
     limit = len(before) + 10
     args = tiny_flags(small_corpus, log_dir, max_steps=4, resume="auto")
-    proc = limited("train_gpt2.py", args, limit)
-    one_line_error(proc, "train_gpt2.py", log_dir / name)
+    result = main_limited(train_gpt2.main, args, limit, capsys)
+    cannot_write(result, "train_gpt2.py", log_dir / name)
     # (the first record it appends is longer than the 10 bytes left)
     assert (log_dir / name).read_bytes() == before
     # with room, the same run goes on
@@ -85,11 +121,11 @@ def test_trainer_records_on_a_full_disk_name_the_file_and_leave_no_torn_line(
 
 
 @pytest.mark.gpt2_contract  # export_hf.py writes GPT-2's format: an edited model may not fit it
-def test_export_on_a_full_disk(tmp_path, small_corpus):
+def test_export_on_a_full_disk(tmp_path, small_corpus, capsys, quiet_transformers):
     log_dir = tmp_path / "log"
     train_tiny(small_corpus, log_dir, max_steps=1)
     out = tmp_path / "hf"
-    proc = limited("export_hf.py", [log_dir / "model_00001.pt", out], limit=2_000)
-    one_line_error(proc, "export_hf.py", out)
+    args = [log_dir / "model_00001.pt", out]
+    cannot_write(main_limited(export_hf.main, args, 2_000, capsys), "export_hf.py", out)
     assert leftovers(tmp_path) == []
     assert not out.exists()
