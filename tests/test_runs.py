@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -130,6 +131,36 @@ def test_a_run_keeps_the_code_it_read_at_its_start_of_every_module_it_imported(
     assert "same code" not in text
     assert "+# the next experiment's edit" in text
     assert "mymodule" in text and "train_gpt2" in text
+
+
+def test_the_code_read_is_the_checkouts_own_modules_by_their_real_paths(tmp_path, monkeypatch):
+    # a checkout holding a package, a virtual environment and a link to a file outside it; a
+    # link outside it to its package; modules imported through each, and one made in memory
+    checkout = tmp_path / "checkout"
+    (checkout / "mylib").mkdir(parents=True)
+    (checkout / "mylib" / "attn.py").write_text("A = 1\n")
+    (checkout / "train_gpt2.py").write_text("B = 2\n")
+    (checkout / ".venv" / "lib").mkdir(parents=True)
+    (checkout / ".venv" / "lib" / "dep.py").write_text("C = 3\n")
+    (tmp_path / "other.py").write_text("D = 4\n")
+    (checkout / "other.py").symlink_to(tmp_path / "other.py")
+    (tmp_path / "linked").symlink_to(checkout / "mylib")
+    monkeypatch.setattr(train_gpt2, "__file__", str(checkout / "train_gpt2.py"))
+    monkeypatch.setattr(sys, "prefix", str(checkout / ".venv"))
+    files = {
+        "attn": checkout / "mylib" / "attn.py",
+        "attn_through_the_link": tmp_path / "linked" / "attn.py",
+        "dep": checkout / ".venv" / "lib" / "dep.py",
+        "other": checkout / "other.py",
+        "in_memory": "mylib/attn.py",
+    }
+    for name, file in files.items():
+        module = types.ModuleType(name)
+        module.__file__ = str(file)
+        monkeypatch.setitem(sys.modules, name, module)
+
+    assert train_gpt2.read_code() == {"mylib/attn.py": b"A = 1\n", "train_gpt2.py": b"B = 2\n"}
+    assert list(train_gpt2.read_code(known={"train_gpt2.py"})) == ["mylib/attn.py"]
 
 
 def test_a_resume_under_other_code_goes_on_and_records_the_step(small_corpus, tmp_path):
