@@ -1,25 +1,12 @@
 """input.txt, the built-in corpus, and scripts/build_input_txt.py that makes it."""
 
-import importlib.util
 import re
-from pathlib import Path
 
-import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
+import build_input_txt as build  # scripts/, which conftest puts on the path
+from conftest import ROOT
 
 
-@pytest.fixture(scope="module")
-def build():
-    spec = importlib.util.spec_from_file_location(
-        "build_input_txt", ROOT / "scripts" / "build_input_txt.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # defines things only; main() is not run
-    return module
-
-
-def test_input_txt_is_about_a_megabyte_of_clean_plays(build):
+def test_input_txt_is_about_a_megabyte_of_clean_plays():
     raw = (ROOT / "input.txt").read_bytes()
     text = raw.decode("utf-8")
     assert build.MIN_CHARS <= len(text) <= build.MAX_CHARS
@@ -34,7 +21,7 @@ def test_input_txt_is_about_a_megabyte_of_clean_plays(build):
     assert not re.search(r"[ \t]+\n", text)  # no trailing spaces
 
 
-def test_clean_play_strips_boilerplate_and_collapses_blank_lines(build):
+def test_clean_play_strips_boilerplate_and_collapses_blank_lines():
     raw = (
         "The Project Gutenberg EBook of Hamlet\r\nLicense blah\r\n"
         "*** START OF THIS PROJECT GUTENBERG EBOOK HAMLET ***\r\n\r\n\r\n"
@@ -44,7 +31,7 @@ def test_clean_play_strips_boilerplate_and_collapses_blank_lines(build):
     assert build.clean_play(raw) == "HAMLET\n\nACT I.\n\nBer.\nWho's there?"
 
 
-def test_play_selection_is_sorted_and_skips_poems_and_incomplete(build, tmp_path):
+def test_play_selection_is_sorted_and_skips_poems_and_incomplete(tmp_path):
     for name, size in [
         ("b_play", 40),
         ("a_play", 30),
