@@ -1,41 +1,20 @@
 """Every writer on a full disk: a file-size limit (RLIMIT_FSIZE, SIGXFSZ ignored) makes a large
 write fail as ENOSPC would. Each program ends with one line naming the file, leaves no temporary
-file behind, and a rerun with room finishes the job. fineweb.py runs as a real process (its
-workers inherit the limit); the trainer and the export run in this process, under the limit
-for as long as their main() runs."""
+file behind, and a rerun with room finishes the job. The programs' main() run in this process,
+under the limit for as long as they run (fineweb.py's forked workers inherit it)."""
 
 import contextlib
 import resource
 import signal
-import subprocess
-import sys
 
 import pytest
-from conftest import (
-    ROOT,
-    child_env,
-    documents,
-    make_corpus,
-    one_line_error,
-    run_main,
-    tiny_flags,
-    train_tiny,
-)
+from conftest import documents, make_corpus, one_line_error, run_main, tiny_flags, train_tiny
 
 import export_hf
+import fineweb
 import train_gpt2
 
 LIMIT = 20_000  # bytes a file may hold: logs and records fit, shards and checkpoints do not
-
-
-def limited(program, args, limit=LIMIT):
-    def set_limit():
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-
-    command = [sys.executable, str(ROOT / program)] + [str(a) for a in args]
-    pipes = dict(capture_output=True, text=True, timeout=300, env=child_env(), cwd=ROOT)
-    return subprocess.run(command, preexec_fn=set_limit, **pipes)
 
 
 @contextlib.contextmanager
@@ -52,32 +31,27 @@ def file_size_limit(limit):
         signal.signal(signal.SIGXFSZ, handler)
 
 
-def main_limited(main, args, limit, capsys):
-    """main(args) in this process under the limit: (exit status, stderr)."""
+def cannot_write(main, args, limit, capsys, program, path):
+    """main(args) under the limit ends in one line saying it cannot write path; that line."""
     with file_size_limit(limit):
-        return run_main(main, args, capsys)
-
-
-def cannot_write(result, program, path):
-    code, err = result
+        code, err = run_main(main, args, capsys)
     one_line_error(code, err, program, f"cannot write {path}")
+    return err
 
 
 def leftovers(root):
     return sorted(p.name for p in root.rglob("*.tmp*"))
 
 
-def test_fineweb_on_a_full_disk_then_with_room(tmp_path):
+def test_fineweb_on_a_full_disk_then_with_room(tmp_path, capsys):
     text = tmp_path / "docs.txt"
     text.write_text("\n\n\n".join(documents(60)) + "\n")
-    args = ["--local", text, "--tokenizer", "char", "--out_dir", tmp_path / "data"]
-    proc = limited("fineweb.py", args)
-    cannot_write((proc.returncode, proc.stderr), "fineweb.py", tmp_path / "data")
-    assert ".npy" in proc.stderr
+    args = ["--local", str(text), "--tokenizer", "char", "--out_dir", str(tmp_path / "data")]
+    err = cannot_write(fineweb.main, args, LIMIT, capsys, "fineweb.py", tmp_path / "data")
+    assert ".npy" in err
     assert leftovers(tmp_path) == []
     # with room, the same command finishes; its shards are a clean build's
-    again = limited("fineweb.py", args, limit=resource.RLIM_INFINITY)
-    assert again.returncode == 0, again.stderr
+    fineweb.main(args)
     clean = make_corpus(tmp_path / "clean", documents(60))
     made = sorted((tmp_path / "data").glob("*.npy"))
     assert [p.name for p in made] == sorted(p.name for p in clean.glob("*.npy"))
@@ -90,9 +64,7 @@ def test_fineweb_on_a_full_disk_then_with_room(tmp_path):
 def test_trainer_on_a_full_disk(tmp_path, small_corpus, capsys, limit, name):
     log_dir = tmp_path / "log"
     args = tiny_flags(small_corpus, log_dir, max_steps=2)
-    cannot_write(
-        main_limited(train_gpt2.main, args, limit, capsys), "train_gpt2.py", log_dir / name
-    )
+    cannot_write(train_gpt2.main, args, limit, capsys, "train_gpt2.py", log_dir / name)
     assert leftovers(tmp_path) == []
     assert list(log_dir.glob("model_*")) == []
 
@@ -110,8 +82,7 @@ def test_trainer_records_on_a_full_disk_name_the_file_and_leave_no_torn_line(
     before = (log_dir / name).read_bytes()
     limit = len(before) + 10
     args = tiny_flags(small_corpus, log_dir, max_steps=4, resume="auto")
-    result = main_limited(train_gpt2.main, args, limit, capsys)
-    cannot_write(result, "train_gpt2.py", log_dir / name)
+    cannot_write(train_gpt2.main, args, limit, capsys, "train_gpt2.py", log_dir / name)
     # (the first record it appends is longer than the 10 bytes left)
     assert (log_dir / name).read_bytes() == before
     # with room, the same run goes on
@@ -126,6 +97,6 @@ def test_export_on_a_full_disk(tmp_path, small_corpus, capsys, quiet_transformer
     train_tiny(small_corpus, log_dir, max_steps=1)
     out = tmp_path / "hf"
     args = [log_dir / "model_00001.pt", out]
-    cannot_write(main_limited(export_hf.main, args, 2_000, capsys), "export_hf.py", out)
+    cannot_write(export_hf.main, args, 2_000, capsys, "export_hf.py", out)
     assert leftovers(tmp_path) == []
     assert not out.exists()
