@@ -28,14 +28,16 @@ Use it as any Hugging Face model, offline:
         --tasks hellaswag
 
 The directory is written as .OUT_DIR.tmp beside OUT_DIR, loaded
-back and checked: its logits must be ours and its tokenizer must
-give our ids. A model that GPT-2's format cannot hold (another
-activation, an untied head, capped logits, other modules) is
-refused in one line. Only then is it renamed to OUT_DIR; an
-existing non-empty OUT_DIR is never touched. An error or Ctrl-C
-removes the temporary directory; a run killed outright (SIGTERM,
-kill -9) leaves it, and the next export to that OUT_DIR removes it
-before it starts.
+back and checked: its logits must be ours, GPT-2's with random
+weights that work every layer must be our model's with the same
+ones (a checkpoint's own logits may be too small for an edit to
+show), and its tokenizer must give our ids. A model that GPT-2's
+format cannot hold (another activation, an untied head, capped
+logits, other modules) is refused in one line. Only then is it
+renamed to OUT_DIR; an existing non-empty OUT_DIR is never touched.
+An error or Ctrl-C removes the temporary directory; a run killed
+outright (SIGTERM, kill -9) leaves it, and the next export to that
+OUT_DIR removes it before it starts.
 """
 
 import argparse
@@ -126,28 +128,47 @@ def char_tokenizer(enc, block_size):
 
 
 @torch.no_grad()
+def probe_model(config):
+    # Our model of this config with random weights that take every layer out of its near-linear
+    # range: matrices N(0, 1 / fan_in), biases and norms N(0, 1), so attention scores, MLP
+    # inputs and logits are O(1). A checkpoint's own weights may not: two steps from the init
+    # the logits are ~0.5, where a soft cap (30 x tanh(x / 30)) is the identity to 1e-4.
+    model = train_gpt2.GPT(config).eval()
+    generator = torch.Generator().manual_seed(0)
+    for p in model.parameters():
+        std = p.size(-1) ** -0.5 if p.dim() >= 2 else 1.0
+        p.copy_(std * torch.randn(p.shape, generator=generator))
+    return model
+
+
+@torch.no_grad()
 def check_export(model, enc, out):
     # The directory, loaded back by transformers, computes our logits on
     # fixed random ids (2, T) of the model's whole context (an edit may show
     # only at distant positions: a sliding window), <|endoftext|> among them
     # (a model may treat it apart: document masking), within float32
     # rounding (1e-4 of the largest logit), and tokenizes their text as we
-    # do; or a ValueError.
+    # do; or a ValueError. GPT-2's architecture with the probe's weights
+    # (probe_model) must compute our architecture's logits too.
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     hf = AutoModelForCausalLM.from_pretrained(out).eval()
+    probe = probe_model(model.config)
+    probe_hf = hf_model(probe, enc.n_vocab, enc.eot_token).eval()
     T = model.config.block_size
     generator = torch.Generator().manual_seed(0)
     idx = torch.randint(0, enc.n_vocab, (2, T), generator=generator)
     if enc.eot_token is not None:
         idx[:, 3::7] = enc.eot_token
-    ours = model(idx)[0][..., : enc.n_vocab]  # (2, T, n_vocab)
-    diff = (hf(idx).logits - ours).abs().max().item()
-    if not diff <= 1e-4 * max(1.0, ours.abs().max().item()):
-        raise ValueError(
-            f"GPT-2's format cannot hold this model: its logits differ from ours by {diff:.3g}"
-            " (another activation, attention or positions, an untied head, capped logits?)"
-        )
+    for ours, theirs in [(model, hf), (probe, probe_hf)]:
+        logits = ours(idx)[0][..., : enc.n_vocab]  # (2, T, n_vocab)
+        diff = (theirs(idx).logits - logits).abs().max().item()
+        if not diff <= 1e-4 * max(1.0, logits.abs().max().item()):
+            raise ValueError(
+                f"GPT-2's format cannot hold this model: its logits differ from ours by"
+                f" {diff:.3g} (another activation, attention or positions, an untied head,"
+                " capped logits?)"
+            )
     text = enc.decode(idx[0].tolist())
     theirs = AutoTokenizer.from_pretrained(out)(text)["input_ids"]
     if theirs != enc.encode(text, allowed_special="all"):

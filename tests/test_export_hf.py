@@ -336,15 +336,18 @@ def erf_gelu(monkeypatch):
     monkeypatch.setattr(train_gpt2.MLP, "forward", forward)
 
 
-def soft_capped(monkeypatch):
-    # logits soft-capped at 5 (tanh), as some newer models do
-    forward = train_gpt2.GPT.forward
+def soft_capped(cap):
+    # logits soft-capped at `cap` (cap x tanh(logits / cap)), as some newer models do
+    def edit(monkeypatch):
+        forward = train_gpt2.GPT.forward
 
-    def capped(self, *args, **kwargs):
-        logits, loss = forward(self, *args, **kwargs)
-        return 5 * torch.tanh(logits / 5), loss
+        def capped(self, *args, **kwargs):
+            logits, loss = forward(self, *args, **kwargs)
+            return cap * torch.tanh(logits / cap), loss
 
-    monkeypatch.setattr(train_gpt2.GPT, "forward", capped)
+        monkeypatch.setattr(train_gpt2.GPT, "forward", capped)
+
+    return edit
 
 
 def test_older_checkpoints_load_with_their_dropout(tmp_path):
@@ -428,7 +431,7 @@ BAD_INPUTS = {
     ),
     "an untied head": (untied, ["{root}/model.pt", "{root}/out"], "GPT-2's format cannot hold"),
     "the exact GELU": (erf_gelu, ["{root}/model.pt", "{root}/out"], "GPT-2's format cannot hold"),
-    "capped logits": (soft_capped, ["{root}/model.pt", "{root}/out"], "GPT-2's format cannot"),
+    "capped logits": (soft_capped(5), ["{root}/model.pt", "{root}/out"], "GPT-2's format cannot"),
     # (the first weight named is the fork's own where it differs more: QK-norm's k_norm)
     "no position table": (
         no_position_table,
@@ -454,6 +457,18 @@ def test_an_edit_seen_only_at_distant_positions_is_refused(tmp_path, capsys, mon
     monkeypatch.setattr(train_gpt2, "F", functional)
     checkpoint = char_checkpoint(tmp_path / "model.pt", "abcdefgh", block_size=96)
     code, err = run_main(export_hf.main, [checkpoint, tmp_path / "out"], capsys)
+    one_line_error(code, err, "export_hf.py", "GPT-2's format cannot hold this model")
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_edit_that_a_young_models_small_logits_hide_is_refused(
+    trained, tmp_path, capsys, monkeypatch, quiet_transformers
+):
+    # Gemma 2's soft cap, 30 x tanh(logits / 30): two steps from the init the logits are far
+    # below 30, where the cap is all but the identity (it moves a logit of 0.5 by 4e-5), so the
+    # checkpoint's own weights cannot show it; the export is refused all the same
+    soft_capped(30)(monkeypatch)
+    code, err = run_main(export_hf.main, [trained, tmp_path / "out"], capsys)
     one_line_error(code, err, "export_hf.py", "GPT-2's format cannot hold this model")
     assert not (tmp_path / "out").exists()
 
