@@ -978,8 +978,9 @@ def load_model(source, device="cpu", dropout=None):
         differ = weight_differing(model, ckpt["model"])
         if differ:
             raise ValueError(
-                f"{source} is not a checkpoint of train_gpt2.py's GPT ({differ} differs; was the"
-                " model edited since?)"
+                f"{source} holds another model than this code builds ({differ} differs; was the"
+                " model edited since?): use it with the code that made it (its run's code/ keeps"
+                " it), or train this model from scratch"
             )
         model.load_state_dict(ckpt["model"])
         check_finite(model, source)

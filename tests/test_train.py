@@ -293,7 +293,8 @@ def test_resuming_after_an_edit_of_the_model_is_one_line(
     message = "its weights are not this model's (gate differs; was the model edited since?)"
     one_line_error(*run_main(train_gpt2.main, argv, capsys), "train_gpt2.py", message)
     # and so for sample.py, hellaswag.py, export_hf.py and --init_from, which load_model serves
-    message = "model_00002.pt is not a checkpoint of train_gpt2.py's GPT (gate differs; was"
+    message = "model_00002.pt holds another model than this code builds (gate differs; was the"
+    message += " model edited since?): use it with the code that made it (its run's code/ keeps"
     with pytest.raises(ValueError, match=re.escape(message)):
         train_gpt2.load_model(tmp_path / "model_00002.pt")
 
