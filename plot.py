@@ -28,8 +28,9 @@ under other code makes another run) are one arm, named by its first run. The rep
   differs; a change of code at a resume; the files only a git diff holds, named).
 compare.png draws each arm as its mean curve and a band (min..max of its runs) against steps,
 tokens and training seconds. --json prints {"arms": [{"name", "runs", "n", "seeds", "metrics":
-{KIND: {"mean", "sd", "values", "n"}}, "code_changes"}], "comparisons": [{"arm", "baseline",
-"metric", "test", "diff", "ci95", "p", "time_to_baseline_s", "verdict", ...}]}.
+{KIND: {"mean", "sd", "values", "n"}}, "code_changes", "vs_baseline"}], "comparisons": [{"arm",
+"baseline", "metric", "test", "diff", "ci95", "p", "time_to_baseline_s", "verdict", ...}]}:
+vs_baseline holds the lines the text prints of what differs from the baseline (None for it).
 
 GPT-2 124M's reference lines are drawn only when every run is on FineWeb-Edu: elsewhere they
 mislead.
@@ -1026,11 +1027,14 @@ def report(arms, metrics, comparisons):
 def report_json(arms, metrics, comparisons):
     """What --json prints: {"arms": [...], "comparisons": [...]} (see main)."""
     found = []
-    for arm, stats in zip(arms, metrics):
+    for i, (arm, stats) in enumerate(zip(arms, metrics)):
         names = [run.name for run in arm.runs]
         seeds = [run.seed for run in arm.runs]
         entry = {"name": arm.name, "runs": names, "n": len(names), "seeds": seeds}
         entry.update(metrics=stats, code_changes=code_changes(arm.runs[0]))
+        # what the text says differs from the baseline (its lines: config, data, "code
+        # differs:" and the diff, or "same code"); the baseline's own: None
+        entry["vs_baseline"] = differences(arms[0].runs[0], arm.runs[0])[1:] if i else None
         found.append(entry)
     rows = [row for arm_rows in comparisons for row in arm_rows]
     return json.dumps({"arms": found, "comparisons": rows}, indent=1, allow_nan=False)

@@ -430,6 +430,9 @@ def test_the_json_holds_the_arms_and_comparisons_and_nothing_else(tmp_path, monk
         assert keys <= set(row)
         assert (row["arm"], row["baseline"]) == ("rope", "base-1")
         assert row["test"] is None and row["ci95"] is None and row["p"] is None
+    # what differs, as the text says it: rope's config and (the same sources) no code
+    assert base["vs_baseline"] is None
+    assert "n_layer: 12 -> 6" in rope["vs_baseline"] and "same code" in rope["vs_baseline"]
 
 
 def test_arms_are_runs_that_differ_only_in_seed_log_dir_and_resume(tmp_path, monkeypatch, capsys):
@@ -523,6 +526,9 @@ def test_code_changed_at_a_resume_is_shown(tmp_path, monkeypatch, capsys):
         [{"step": 5, "modules": ["train_gpt2.py"]}],
         [{"step": 4, "modules": ["train_gpt2.py"]}],
     ]
+    # the code the resumed run ran last differs from the baseline's: the JSON says so too
+    assert "code differs:" in result["arms"][1]["vs_baseline"]
+    assert "-    n_layer: int = 12" in result["arms"][1]["vs_baseline"]
     assert "\ncode changed at step 5: train_gpt2.py\n" in report_of(["base", "resumed"], capsys)
 
 
