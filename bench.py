@@ -9,7 +9,7 @@ train: the training step of train_gpt2.py on random tokens at each
 batch size B (forward and backward, bf16 autocast and torch.compile
 on CUDA, float32 elsewhere; gradient clipping; AdamW): the median
 ms/step after the warm-up steps, tok/s, MFU (GPT.flops_per_token
-against train_gpt2's peak_flops, on a GPU its table knows) and the
+against harness.py's peak_flops, on a GPU its table knows) and the
 peak memory: allocated by torch on CUDA, on a CPU the process's
 resident high-water mark (so it only grows down the table). The last
 column is tok/s against the first row's.
@@ -46,20 +46,23 @@ import time
 import warnings
 from pathlib import Path
 
+# isort: split
+# first: it loads torch, and Ctrl-C meanwhile ends the program in one line
+import harness
+
+# isort: split
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 import fineweb
-import hellaswag
+import hellaswag_eval
 from train_gpt2 import (
     GPT,
     DataLoaderLite,
     GPTConfig,
     TrainConfig,
     evaluate_val_loss,
-    peak_flops,
-    pick_device,
     sample_texts,
 )
 
@@ -172,7 +175,7 @@ def environment(device):
             found["sdpa"].append(name.split("_")[0].lower())
         except RuntimeError:
             pass
-    found["peak_flops"] = peak_flops(device)
+    found["peak_flops"] = harness.peak_flops(device)
     return found
 
 
@@ -220,7 +223,7 @@ def bench_train(model, step, B, steps, warmup, device):
     times = [timed(step, device) for _ in range(steps)]
     seconds = statistics.median(times)
     tok_per_s = B * T / seconds
-    peak = peak_flops(device)
+    peak = harness.peak_flops(device)
     mfu = None
     if peak:
         mfu = model.flops_per_token(T) * tok_per_s / peak
@@ -254,7 +257,7 @@ def train_row(config, B, args, device):
 
 def forward_mfu(model, T, tok_per_s, device):
     # a forward pass's MFU: a third of a training step's FLOPs a token, at context T
-    peak = peak_flops(device)
+    peak = harness.peak_flops(device)
     return model.flops_per_token(T) / 3 * tok_per_s / peak if peak else None
 
 
@@ -300,20 +303,24 @@ def synthetic_examples(n, block_size, seed):
 
 
 def bench_hellaswag(config, n, device, seed):
-    # hellaswag.evaluate as the trainer runs it (the plain model, bf16 autocast on CUDA) on n
+    # hellaswag_eval.evaluate as the trainer runs it (the plain model, bf16 autocast on CUDA) on n
     # synthetic examples, rendered once: the first pass with its first calls (cuDNN's graphs,
     # one a row width), then ms a batch of the second
     torch.manual_seed(seed)
     model = GPT(config).to(device)
     examples = synthetic_examples(n, config.block_size, seed)
     t0 = time.perf_counter()
-    prepared = hellaswag.prepare(examples, fineweb.get_tokenizer(), config.block_size)
+    prepared = hellaswag_eval.prepare(examples, fineweb.get_tokenizer(), config.block_size)
     prepare_s = time.perf_counter() - t0
     amp = torch.bfloat16 if device.startswith("cuda") else None
     reset_peak(device)
-    first = timed(lambda: hellaswag.evaluate(model, prepared, device, autocast_dtype=amp), device)
-    seconds = timed(lambda: hellaswag.evaluate(model, prepared, device, autocast_dtype=amp), device)
-    batches = -(-4 * n // hellaswag.BATCH_ROWS)
+    first = timed(
+        lambda: hellaswag_eval.evaluate(model, prepared, device, autocast_dtype=amp), device
+    )
+    seconds = timed(
+        lambda: hellaswag_eval.evaluate(model, prepared, device, autocast_dtype=amp), device
+    )
+    batches = -(-4 * n // hellaswag_eval.BATCH_ROWS)
     tokens = (prepared["start"] + prepared["count"]).sum().item()  # the rows' lengths
     row = {"run": "HellaSwag", "shape": f"{4 * n:,} rows of {tokens / 4 / n:.0f}"}
     row.update(first_s=max(first - seconds, 0.0), seconds=seconds, prepare_s=prepare_s)
@@ -473,7 +480,7 @@ def parse_args(argv):
     if not 0 <= args.seed < 2**63:
         p.error("--seed must be 0 to 2**63 - 1")
     try:
-        args.device = pick_device(args.device)
+        args.device = harness.pick_device(args.device)
     except ValueError as e:
         p.error(str(e))
     if args.json:

@@ -46,6 +46,11 @@ import shutil
 import sys
 from pathlib import Path
 
+# isort: split
+# first: it loads torch, and Ctrl-C meanwhile ends the program in one line
+import harness  # noqa: F401
+
+# isort: split
 import torch
 
 import fineweb

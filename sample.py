@@ -21,6 +21,11 @@ import os
 import sys
 from pathlib import Path
 
+# isort: split
+# first: it loads torch, and Ctrl-C meanwhile ends the program in one line
+import harness
+
+# isort: split
 import fineweb
 import train_gpt2
 
@@ -107,7 +112,7 @@ def new_tokens(args, n_prompt):
 
 def run(args):
     # the samples' texts, as the command line asks
-    device = train_gpt2.pick_device(args.device)
+    device = harness.pick_device(args.device)
     model, enc = load(args.init_from, device)
     n_prompt = len(train_gpt2.prompt_ids(enc, args.prompt, model.config.block_size, "--prompt"))
     n_new = new_tokens(args, n_prompt)
@@ -123,7 +128,7 @@ def run(args):
             seed=args.seed,
         )
     except RuntimeError as e:
-        if not train_gpt2.out_of_memory(e):
+        if not harness.out_of_memory(e):
             raise
         raise ValueError(
             f"--num_samples {args.num_samples} of {n_prompt + n_new} tokens do not fit in"

@@ -1,67 +1,41 @@
 """
-GPT-2 pretraining in one file, read top to bottom: config, model, data loader, learning-rate
-schedule, devices and distributed set-up, evaluation, checkpoints and stop signals, the training
-loop and the command line.
+GPT-2 pretraining in one file, read top to bottom: config, model, optimizers, data loader,
+learning-rate schedule, distributed set-up, evaluation, checkpoints, and the training loop.
 
     python train_gpt2.py --preset shakespeare_char   # a character model: minutes on a CPU
     torchrun --standalone --nproc_per_node=8 train_gpt2.py --preset gpt2-124M   # 10B tokens
 
 The data is fineweb.py's uint16 token shards and their manifest.json (fineweb.py also holds the
-tokenizers); hellaswag.py scores HellaSwag and plot.py draws the curves. A run writes into
---log_dir: log.txt (`step kind value` lines), runs.jsonl (a line per start: the config, the data,
-the versions, the device, and the code that ran, kept in code/; a line per end: the result),
-checkpoints model_{step:05d}.pt and curves.png. `python plot.py log/a log/b` compares two runs.
-Importing this module does nothing but define things.
+tokenizers); hellaswag_eval.py scores HellaSwag. What keeps a run safe and recorded is harness.py:
+its log_dir (one run at a time), runs.jsonl (the config, data and code of every start, the result
+of every end), atomic checkpoints, stop signals and the command line, where every TrainConfig
+field is a flag. `python plot.py log/a log/b` compares runs. Importing this module does nothing
+but define things.
 """
 
-import argparse
-import ast
 import dataclasses
-import datetime
-import fcntl
-import hashlib
-import io
-import json
 import math
 import os
-import platform
 import re
-import resource
-import shlex
-import signal
-import socket
-import stat
-import subprocess
-import sys
 import time
-import tokenize
-import zipfile
 from pathlib import Path
 
-# Ctrl-C while torch loads (seconds) ends the program in one line, as it does before the loop
-try:
-    import numpy as np
-    import torch
-    import torch.distributed as dist
-    import torch.nn as nn
-    import torch.nn.functional as F
+# isort: split
+# first: it loads torch, and Ctrl-C meanwhile ends the program in one line
+import harness
 
-    import fineweb
-    import hellaswag
-    import plot
-except KeyboardInterrupt:
-    sys.exit("train_gpt2.py: interrupted while loading torch; nothing was written")
+# isort: split
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+import fineweb
+import hellaswag_eval
 
 # -----------------------------------------------------------------------------
 # Configuration
-
-
-# At most this many micro-batches a step (on one process), tokens a printed sample, and layers
-# (GPT-3 175B has 96): a typo past them would hang a run in one step, one sample, or in counting
-# the model's parameters, a module at a time, before it is built.
-MAX_MICRO_STEPS = 2**16
-MAX_SAMPLE_LENGTH = 2048
-MAX_LAYERS = 1024
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -132,16 +106,8 @@ class TrainConfig(ModelConfig):
 
     def __post_init__(self):
         # Checked before anything runs: a bad flag is one line now, not a failure hours later.
-        # Every number is finite, and >= 0 unless its default is not (a -1 meaning "off"); an
-        # integer fits the int64 that torch and numpy count in.
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            if type(value) not in (int, float):
-                continue
-            if not math.isfinite(value) or value < 0 <= field.default:
-                raise ValueError(f"--{field.name} must be a finite number >= 0, got {value}")
-            if type(value) is int and abs(value) >= 2**63:
-                raise ValueError(f"--{field.name} must be below 2**63 (an int64), got {value}")
+        # Every number finite and >= 0 (harness.check_numbers), then what the recipe needs.
+        harness.check_numbers(self)
         sizes = ["n_layer", "n_head", "n_embd", "batch_size", "seq_len", "total_batch_size"]
         for name in sizes + ["max_steps", "max_lr", "sample_length"]:
             if getattr(self, name) == 0:
@@ -150,24 +116,6 @@ class TrainConfig(ModelConfig):
             raise ValueError("--n_embd must be a multiple of --n_head")
         if self.total_batch_size % (self.batch_size * self.seq_len):
             raise ValueError("--total_batch_size must be a multiple of --batch_size x --seq_len")
-        # the bounds a typo cannot pass (a step of hours, a sample a stop request waits for)
-        micro_batches = self.total_batch_size // (self.batch_size * self.seq_len)
-        if micro_batches > MAX_MICRO_STEPS:
-            raise ValueError(
-                f"--total_batch_size {self.total_batch_size:,} is {micro_batches:,} micro-batches"
-                f" of --batch_size x --seq_len a step: at most {MAX_MICRO_STEPS:,} (more is a"
-                " typo: one step would take hours)"
-            )
-        if self.sample_length > MAX_SAMPLE_LENGTH:
-            raise ValueError(
-                f"--sample_length must be at most {MAX_SAMPLE_LENGTH:,} tokens: the samples are"
-                " a glance at the model, and a stop request waits for them"
-            )
-        if self.n_layer > MAX_LAYERS:
-            raise ValueError(
-                f"--n_layer must be at most {MAX_LAYERS:,} (GPT-3 175B has 96): more is a typo,"
-                " and counting its parameters would take minutes"
-            )
         if self.val_tokens % (self.batch_size * self.seq_len):
             raise ValueError("--val_tokens must be a multiple of --batch_size x --seq_len")
         if self.eval_interval and not self.val_tokens:
@@ -189,13 +137,6 @@ class TrainConfig(ModelConfig):
         if not (self.data_root and self.log_dir and self.init_from):
             raise ValueError("--data_root, --log_dir and --init_from must not be empty")
 
-
-# fineweb.py's flags that make a preset's corpus of input.txt (the README's commands): its first
-# run makes it (make_preset_data)
-PRESET_DATA = {
-    "data/shakespeare": [],
-    "data/shakespeare_char": ["--tokenizer", "char"],
-}
 
 PRESETS = {
     # the reference recipe, GPT-2 124M on 10B tokens of FineWeb-Edu: TrainConfig's defaults
@@ -245,6 +186,13 @@ PRESETS = {
         sample_length=300,
         ckpt_interval=2000,
     ),
+}
+
+# fineweb.py's flags that make a preset's corpus of input.txt (the README's commands): a preset's
+# first run makes it
+PRESET_DATA = {
+    "data/shakespeare": [],
+    "data/shakespeare_char": ["--tokenizer", "char"],
 }
 
 
@@ -518,6 +466,10 @@ class GPT(nn.Module):
         return idx
 
 
+# -----------------------------------------------------------------------------
+# Optimizers: AdamW is torch's (GPT.configure_optimizers), Muon is here
+
+
 # Muon (kellerjordan.github.io/posts/muon): SGD with Nesterov momentum whose update, a matrix,
 # is orthogonalised (about U V^T of its SVD) by a few Newton-Schulz iterations in bfloat16. The
 # same update as torch.optim.Muon with its defaults (momentum 0.95, 5 steps, lr scaled by
@@ -734,27 +686,7 @@ def get_lr(step, max_lr, min_lr, warmup_steps, decay_steps, time_used=None):
 
 
 # -----------------------------------------------------------------------------
-# Devices and distributed set-up
-
-
-def pick_device(name):
-    # the torch device --device names (auto: cuda, else mps, else cpu), or one ValueError line
-    # saying this machine lacks it
-    if name == "auto":
-        if torch.cuda.is_available():
-            return "cuda"
-        if torch.backends.mps.is_available():
-            return "mps"
-        return "cpu"
-    if not re.fullmatch(r"cpu|mps|cuda(:\d+)?", name):
-        raise ValueError(f"--device {name}: not cpu, cuda, cuda:N or mps")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"--device {name}: this torch sees no CUDA GPU")
-    if name.startswith("cuda:") and int(name[5:]) >= torch.cuda.device_count():
-        raise ValueError(f"--device {name}: this machine has {torch.cuda.device_count()} GPU(s)")
-    if name == "mps" and not torch.backends.mps.is_available():
-        raise ValueError("--device mps: this torch sees no Apple GPU")
-    return name
+# Distributed set-up
 
 
 def setup_distributed(device):
@@ -764,7 +696,7 @@ def setup_distributed(device):
     rank = int(os.environ.get("RANK", 0))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
-    device = pick_device(device)
+    device = harness.pick_device(device)
     if device == "cuda":
         # one GPU per rank; a scheduler that gives each task its own GPU shows it as cuda:0
         device = f"cuda:{local_rank % torch.cuda.device_count()}"
@@ -778,41 +710,18 @@ def setup_distributed(device):
     return ddp, rank, local_rank, world_size, device
 
 
-# Dense bf16 peak FLOP/s of one GPU, from the vendors' datasheets: the denominator of MFU. The
-# first name found in torch.cuda.get_device_name() wins.
-PEAK_BF16_FLOPS = [
-    ("H100 PCIe", 756e12),
-    ("H100 NVL", 835e12),
-    ("H200 NVL", 835e12),
-    ("GH200", 989e12),
-    ("H100", 989e12),
-    ("H200", 989e12),
-    ("B200", 2250e12),
-    ("B100", 1750e12),
-    ("A100", 312e12),
-    ("L40S", 362e12),
-    ("L40", 181e12),
-    ("L4", 121e12),
-    ("RTX 6000 Ada", 364e12),
-    ("RTX A6000", 155e12),
-    ("RTX 4090", 165e12),
-    ("RTX 3090", 71e12),
-    ("MI300X", 1307e12),
-]
-
-
-def peak_flops(device):
-    # one GPU's dense bf16 peak FLOP/s, or None: a CPU, a GPU not in the table or a MIG slice
-    # (a share of its GPU) logs no MFU rather than a wrong one
-    if not device.startswith("cuda"):
-        return None
-    name = torch.cuda.get_device_name(device)
-    if "MIG" in name:
-        return None
-    for model, flops in PEAK_BF16_FLOPS:
-        if model in name:
-            return flops
-    return None
+def micro_steps(cfg, world_size):
+    # the batch arithmetic: B x T tokens per micro-step and rank, accumulated to the total
+    tokens = cfg.batch_size * cfg.seq_len * world_size
+    if cfg.total_batch_size % tokens == 0:
+        return cfg.total_batch_size // tokens
+    sizes = range(cfg.batch_size, 0, -1)
+    fits = [b for b in sizes if cfg.total_batch_size % (b * cfg.seq_len * world_size) == 0]
+    hint = f"pass --batch_size {fits[0]}" if fits else "change --total_batch_size"
+    raise ValueError(
+        f"--total_batch_size {cfg.total_batch_size:,} is not a multiple of B x T x ranks ="
+        f" {cfg.batch_size} x {cfg.seq_len} x {world_size}: {hint}"
+    )
 
 
 # -----------------------------------------------------------------------------
@@ -820,17 +729,18 @@ def peak_flops(device):
 
 
 @torch.no_grad()
-def evaluate_val_loss(model, val_loader, val_steps, amp=None, stop=None):
+def evaluate_val_loss(model, val_loader, val_steps, amp=None, stop_requested=None):
     # The mean loss over the val split's first val_steps windows of B*T + 1 tokens, as
     # build-nanogpt scores it. Window i is rank i % world's, so the tokens are the same for any
     # world size; the sums stay on the device (one host sync, at the end). amp: an autocast
     # dtype (torch.bfloat16) or None. None when a stop was asked for during the pass (on any
-    # rank): it ends early rather than keep a scheduler's grace period waiting.
+    # rank; stop_requested() says): it ends early rather than keep a scheduler's grace period
+    # waiting.
     val_loader.load_state_dict({"epoch": 0, "pos": 0})
     sums = torch.zeros(3, device=val_loader.device)  # summed batch losses, batches, stops
     model.eval()
     for _ in range(val_loader.rank, val_steps, val_loader.world):
-        if stop is not None and stop.requested():
+        if stop_requested is not None and stop_requested():
             sums[2] = 1
             break
         x, y = val_loader.next_batch()
@@ -844,6 +754,27 @@ def evaluate_val_loss(model, val_loader, val_steps, amp=None, stop=None):
     if stops:
         return None
     return loss_sum / batches
+
+
+def val_data(cfg, manifest, enc, rank, world_size, device):
+    # (loader, UTF-8 bytes of its scored tokens): the first val_tokens + 1 tokens of the val
+    # split (fineweb.py makes it one shard), read in windows of B*T + 1; bits per byte = loss *
+    # tokens / (ln 2 * the targets' bytes). (None, 0) without evaluation.
+    B = cfg.batch_size
+    T = cfg.seq_len
+    val_shard = load_shards(cfg.data_root, "val", manifest)[0]
+    if not cfg.eval_interval:
+        return None, 0
+    if cfg.val_tokens >= len(val_shard):
+        fits = (len(val_shard) - 1) // (B * T) * (B * T)
+        hint = f"pass --val_tokens {fits}" if fits else "lower --batch_size or --seq_len"
+        raise ValueError(
+            f"--val_tokens {cfg.val_tokens:,} is more than the val split holds"
+            f" ({len(val_shard):,} tokens): {hint}, or --eval_interval 0"
+        )
+    targets = val_shard[1 : cfg.val_tokens + 1]
+    val_bytes = int(fineweb.token_byte_lengths(enc)[targets].sum())
+    return DataLoaderLite([val_shard], B, T, rank, world_size, device=device), val_bytes
 
 
 def prompt_ids(enc, prompt, block_size, flag="the prompt"):
@@ -879,47 +810,65 @@ def sample_texts(
     return [enc.decode(row.tolist()) for row in out]
 
 
+def hellaswag_data(cfg, enc, block_size, log):
+    # HellaSwag in GPT-2's tokens, rendered once (hellaswag_eval.prepare): the official val
+    # split (downloaded once) or --hellaswag_data's file; None when it is off or the data is in
+    # another tokenizer's ids
+    if not cfg.hellaswag_interval:
+        return None
+    if enc.name != "gpt2":
+        log(f"HellaSwag skipped: it is in GPT-2's tokens, the data in {enc.name}'s")
+        return None
+    examples = hellaswag_eval.load_examples(cfg.hellaswag_data or None)
+    return hellaswag_eval.prepare(examples, enc, block_size)
+
+
 # -----------------------------------------------------------------------------
-# Checkpoints, the log_dir and stop signals
+# Checkpoints: what one holds, and whether it can continue under this code
 
 
-def find_checkpoints(log_dir):
-    # (step, path) of every model_{step}.pt in log_dir, by step
-    paths = Path(log_dir).glob("model_*.pt")
-    return sorted((int(p.stem[6:]), p) for p in paths if p.stem[6:].isdigit())
+@dataclasses.dataclass
+class TrainState:
+    # What a run has done besides its weights, optimizer moments and place in the data: every
+    # field is saved in each checkpoint and restored on resume (a field added here is too).
+    step: int = 0  # optimizer steps taken
+    tokens: int = 0  # trained on so far
+    train_seconds: float = 0.0  # spent in training steps so far
+    val_loss: float | None = None  # the last one measured
+    spike_history: list = dataclasses.field(default_factory=list)  # (loss, norm) of recent steps
 
 
-def is_whole(path):
-    # torch.save writes a zip file: it is whole if every record matches its stored CRC-32, so a
-    # torn, truncated or bit-flipped file fails (torch.load itself checks none of that). A file
-    # that cannot be read at all (permissions, an I/O error) is not known to be damaged: its
-    # OSError goes to the caller, which stops rather than write over what it could not read.
-    # Nor is a path that is not a regular file, which is never opened: a FIFO would block for
-    # good, a device read for ever.
-    if not stat.S_ISREG(os.stat(path).st_mode):
-        raise OSError("not a regular file")
-    try:
-        with zipfile.ZipFile(path) as z:
-            return z.testzip() is None
-    except (zipfile.BadZipFile, EOFError):
-        return False
+def make_checkpoint(cfg, raw_model, optimizers, train_loader, state, data):
+    # everything a run needs to continue bit for bit, as plain data and tensors (the harness adds
+    # the record of its code); data: the tokenizer and the corpus's fingerprint
+    return {
+        "model": raw_model.state_dict(),
+        "model_config": dataclasses.asdict(raw_model.config),
+        "optimizers": [opt.state_dict() for opt in optimizers],
+        "loader": train_loader.state_dict(),
+        "train_config": dataclasses.asdict(cfg),
+        "data": data,
+        **dataclasses.asdict(state),
+    }
 
 
-def load_checkpoint(path):
-    # a checkpoint of this program, checked whole before torch reads it (plain data only)
-    try:
-        whole = is_whole(path)
-        ckpt = torch.load(path, map_location="cpu", weights_only=True) if whole else None
-    except OSError as e:
-        raise ValueError(f"cannot read checkpoint {path} ({e.strerror or e})") from None
-    except Exception as e:
-        raise ValueError(f"{path} is not a train_gpt2.py checkpoint ({e})") from None
-    if not whole:
-        raise ValueError(f"{path} is damaged, or not a checkpoint (fails its CRC-32 check)")
-    keys = {"model", "model_config", "step"}
-    if not isinstance(ckpt, dict) or not keys <= ckpt.keys() or not isinstance(ckpt["model"], dict):
-        raise ValueError(f"{path} is not a train_gpt2.py checkpoint")
-    return ckpt
+def resume(ckpt, cfg, raw_model, optimizers, train_loader, data):
+    # a checkpoint's state restored into this run, checked first (check_resumable); its
+    # TrainState. The moments and step counts are the checkpoint's, the optimizers'
+    # hyper-parameters this run's.
+    check_resumable(ckpt, raw_model, optimizers, cfg, data)
+    raw_model.load_state_dict(ckpt["model"])
+    for opt, saved in zip(optimizers, ckpt["optimizers"]):
+        opt.load_state_dict(
+            {"state": saved["state"], "param_groups": opt.state_dict()["param_groups"]}
+        )
+    train_loader.load_state_dict(ckpt["loader"])
+    fields = [f.name for f in dataclasses.fields(TrainState)]
+    state = TrainState(**{name: ckpt[name] for name in fields if name in ckpt})
+    # (a checkpoint before the tokens were counted: every step took the same batch)
+    if "tokens" not in ckpt:
+        state.tokens = state.step * cfg.total_batch_size
+    return state
 
 
 def check_finite(model, source):
@@ -943,82 +892,6 @@ def weight_differing(model, state):
     mine = {name: tuple(w.shape) for name, w in model.state_dict().items()}
     differ = sorted(theirs.keys() ^ mine.keys()) or [n for n in mine if mine[n] != theirs[n]]
     return differ[0] if differ else None
-
-
-def load_model(source, device="cpu", dropout=None):
-    # (model, tokenizer) from one of our checkpoints (.pt), a Hugging Face GPT-2 directory or a
-    # hub name (these two with GPT-2's tokenizer); what cannot load is one ValueError line. The
-    # model's dropout is `dropout`, or None: the checkpoint's (a Hugging Face model's: none).
-    if not str(source).endswith(".pt"):
-        # transformers opens what a directory holds: a FIFO or a device there would hang it
-        path = Path(source)
-        entries = [path, *path.iterdir()] if path.is_dir() else [path]
-        for entry in entries:
-            if entry.exists() and not entry.is_file() and not entry.is_dir():
-                raise ValueError(
-                    f"{entry} is not a regular file (a FIFO or a device?): a model is a .pt"
-                    " checkpoint, or a Hugging Face directory of plain files"
-                )
-        model = GPT.from_pretrained(str(source), dropout or 0.0)
-        # GPT-2's tokenizer goes with it: a smaller table would be handed ids it does not hold
-        if model.config.vocab_size < fineweb.GPT2_VOCAB_SIZE:
-            raise ValueError(
-                f"{source}: a vocabulary of {model.config.vocab_size:,} tokens, not GPT-2's"
-                f" {fineweb.GPT2_VOCAB_SIZE:,}: load the .pt checkpoint it was exported from"
-            )
-        return model.to(device), fineweb.get_tokenizer()
-    ckpt = load_checkpoint(source)
-    try:
-        # (a checkpoint of the previous version records a bias flag too: its weights are the same)
-        saved = ckpt["model_config"]
-        fields = {k: v for k, v in saved.items() if k in GPTConfig.__dataclass_fields__}
-        if dropout is not None:
-            fields["dropout"] = dropout
-        model = GPT(GPTConfig(**fields))
-        differ = weight_differing(model, ckpt["model"])
-        if differ:
-            raise ValueError(
-                f"{source} holds another model than this code builds ({differ} differs; was the"
-                " model edited since?): use it with the code that made it (its run's code/ keeps"
-                " it), or train this model from scratch"
-            )
-        model.load_state_dict(ckpt["model"])
-        check_finite(model, source)
-        enc = fineweb.tokenizer_from_manifest(ckpt["tokenizer"])
-    except (KeyError, TypeError, AttributeError, RuntimeError) as e:
-        raise ValueError(f"{source} is not a checkpoint of train_gpt2.py's GPT ({e})") from None
-    return model.to(device), enc
-
-
-def save_checkpoint(path, checkpoint):
-    # atomically, as fineweb.py writes its shards: under a temporary name, flushed to disk, then
-    # renamed, so that a crash at any moment leaves the whole file or none. torch's zip writer
-    # reports a failed write (most often a full disk) as a RuntimeError.
-    try:
-        fineweb.write_atomic(Path(path), lambda f: torch.save(checkpoint, f))
-    except RuntimeError as e:
-        raise OSError(f"cannot write {path} (is the disk full?): {e}") from None
-
-
-def choose_checkpoint(resume, log_dir, log):
-    # The checkpoint --resume names: auto, the highest step in log_dir whose file is whole (a
-    # damaged one is skipped with a warning, and later written over); a path; or none ('').
-    # A checkpoint that cannot be read stops the run: it may be whole, and a run that skipped
-    # it would write over it.
-    if resume != "auto":
-        return Path(resume) if resume else None
-    for _, path in reversed(find_checkpoints(log_dir)):
-        try:
-            whole = is_whole(path)
-        except OSError as e:
-            raise ValueError(
-                f"cannot read checkpoint {path} ({e.strerror or e}): move it out of the log_dir"
-                " (or make it readable), then run again (nothing was written)"
-            ) from None
-        if whole:
-            return path
-        log(f"warning: skipping {path}: damaged (fails its CRC-32 check)")
-    return None
 
 
 def parameter_differing(optimizers, saved):
@@ -1087,337 +960,55 @@ def check_resumable(ckpt, model, optimizers, cfg, data):
         raise ValueError(f"resume: it is at step {ckpt['step']}, past --max_steps {fix}")
 
 
-def free_log_dir(log_dir):
-    # the first of LOG_DIR-2, LOG_DIR-3, ... that does not exist: a directory to offer a new run
-    n = 2
-    while Path(f"{log_dir}-{n}").exists():
-        n += 1
-    return f"{log_dir}-{n}"
-
-
-def lock_log_dir(log_dir, log):
-    # One run per log_dir: an exclusive flock on log_dir/.lock, which the kernel drops when the
-    # process ends (a killed run leaves no stale lock). The file names its holder, for the
-    # refusal. Returns the open lock file and the directories made for it (log_dir and its
-    # missing parents, outermost first), which a start that fails removes again.
-    made = []
+def load_model(source, device="cpu", dropout=None):
+    # (model, tokenizer) from one of our checkpoints (.pt), a Hugging Face GPT-2 directory or a
+    # hub name (these two with GPT-2's tokenizer); what cannot load is one ValueError line. The
+    # model's dropout is `dropout`, or None: the checkpoint's (a Hugging Face model's: none).
+    if not str(source).endswith(".pt"):
+        # transformers opens what a directory holds: a FIFO or a device there would hang it
+        path = Path(source)
+        entries = [path, *path.iterdir()] if path.is_dir() else [path]
+        for entry in entries:
+            if entry.exists() and not entry.is_file() and not entry.is_dir():
+                raise ValueError(
+                    f"{entry} is not a regular file (a FIFO or a device?): a model is a .pt"
+                    " checkpoint, or a Hugging Face directory of plain files"
+                )
+        model = GPT.from_pretrained(str(source), dropout or 0.0)
+        # GPT-2's tokenizer goes with it: a smaller table would be handed ids it does not hold
+        if model.config.vocab_size < fineweb.GPT2_VOCAB_SIZE:
+            raise ValueError(
+                f"{source}: a vocabulary of {model.config.vocab_size:,} tokens, not GPT-2's"
+                f" {fineweb.GPT2_VOCAB_SIZE:,}: load the .pt checkpoint it was exported from"
+            )
+        return model.to(device), fineweb.get_tokenizer()
+    ckpt = harness.read_checkpoint(source)
     try:
-        for directory in reversed([log_dir, *log_dir.parents]):
-            if not directory.is_dir():
-                directory.mkdir()
-                made.append(directory)
-        if (log_dir / ".lock").exists() and not (log_dir / ".lock").is_file():
-            raise ValueError(f"{log_dir / '.lock'} is not a regular file: move it away")
-        lock = open(log_dir / ".lock", "a+")
-    except OSError as e:
-        remove_made(made)
-        raise ValueError(
-            f"cannot use --log_dir {log_dir} ({e.strerror}: {e.filename}): pass a directory"
-            " that can be made and written"
-        ) from None
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        lock.seek(0)
-        holder = lock.read().strip() or "another process"
-        lock.close()
-        raise ValueError(
-            f"{log_dir} is in use by another run ({holder}): pass another --log_dir"
-            f" ({free_log_dir(log_dir)} is free)"
-        ) from None
-    except OSError as e:
-        log(f"warning: no file locks in {log_dir} ({e.strerror}): keep other runs out of it")
-    lock.truncate(0)
-    lock.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
-    lock.flush()
-    return lock, made
-
-
-def remove_made(made):
-    # the directories a failed start made (outermost first), removed innermost first while empty
-    for directory in reversed(made):
-        try:
-            directory.rmdir()
-        except OSError:
-            return
-
-
-def check_log_dir(log_dir, start_step, continues, resume):
-    # A run writes only into an empty log_dir or into the run it continues (it resumed from one
-    # of its checkpoints): never over what another run made. Refused in one line that names a
-    # free directory. --resume auto with no whole checkpoint starts its log_dir's run again.
-    checkpoints = find_checkpoints(log_dir)
-    later = [path for step, path in checkpoints if step > start_step]
-    free = free_log_dir(log_dir)
-    if continues and later and resume != "auto":
-        raise ValueError(
-            f"{log_dir} holds checkpoints up to {later[-1].name}, past step {start_step} where"
-            f" this run resumes: continue from the newest with --resume auto, or pass a new"
-            f" --log_dir ({free} is free)"
-        )
-    made = [name for name in ("log.txt", "runs.jsonl") if (log_dir / name).exists()]
-    for name in made:
-        # the run appends to them: a FIFO or a device there would block it or take its records
-        if not (log_dir / name).is_file():
-            raise ValueError(f"{log_dir / name} is not a regular file: move it out of the log_dir")
-    if not continues and resume != "auto" and (checkpoints or made):
-        held = f"checkpoints up to {checkpoints[-1][1].name}" if checkpoints else made[0]
-        raise ValueError(
-            f"{log_dir} holds another run ({held}), which this one does not continue: pass a"
-            f" new --log_dir ({free} is free), or continue that run with --resume auto"
-        )
-
-
-def open_lines(path):
-    # path opened to append whole lines (write_lines): a last line torn by a kill is ended first,
-    # so that the next record is not joined to it (check_log_dir has refused a special file)
-    f = open(path, "ab", buffering=0)
-    if f.tell() > 0:
-        with open(path, "rb") as old:
-            old.seek(-1, os.SEEK_END)
-            if old.read(1) != b"\n":
-                write_lines(f, "\n")
-    return f
-
-
-def write_lines(f, text):
-    # text (whole lines) at the end of f, an open_lines file: all of it, or on a failed write (a
-    # full disk) none of it, what was written cut off again; the error names the file
-    end = os.lseek(f.fileno(), 0, os.SEEK_END)
-    data = memoryview(text.encode())
-    try:
-        while data:
-            data = data[f.write(data) :]
-    except OSError as e:
-        os.ftruncate(f.fileno(), end)
-        raise OSError(f"cannot write {f.name}: {e.strerror or e}") from None
-
-
-def read_code(known=()):
-    # {path: source} of every module imported from this checkout (the packages of an environment
-    # inside it, a .venv, aside) and not in `known`, read now: the code this run runs
-    root = Path(__file__).resolve().parent
-    environments = [Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()]
-
-    def ours(path):
-        return path.is_relative_to(root) and not any(path.is_relative_to(e) for e in environments)
-
-    # torch alone brings over a thousand modules from a few hundred directories: each directory
-    # is resolved once, and only the files of one inside the checkout
-    directories = {}
-    code = {}
-    for module in list(sys.modules.values()):
-        file = getattr(module, "__file__", None) or ""
-        # (a module made in memory may name a relative file of its own)
-        if not (file.endswith(".py") and os.path.isabs(file)):
-            continue
-        directory = os.path.dirname(file)
-        if directory not in directories:
-            directories[directory] = ours(Path(directory).resolve())
-        if not directories[directory]:
-            continue
-        path = Path(file).resolve()
-        if not ours(path):
-            continue
-        name = path.relative_to(root).as_posix()
-        if name not in known:
-            code[name] = path.read_bytes()
-    return dict(sorted(code.items()))
-
-
-def git_state(modules):
-    # {commit, diff, untracked} of the git checkout this file is in: `git diff HEAD` as plain
-    # text (no colour, external diff driver or textconv, whatever the user's git config says)
-    # and the modules git does not track; None outside a checkout or without git
-    root = Path(__file__).resolve().parent
-    git = ["git", "-c", "core.quotepath=off"]
-    diff = ["diff", "--no-color", "--no-ext-diff", "--no-textconv", "HEAD"]
-    try:
-        commit = subprocess.run([*git, "rev-parse", "HEAD"], cwd=root, capture_output=True)
-        changes = subprocess.run([*git, *diff], cwd=root, capture_output=True, timeout=60)
-        tracked = subprocess.run([*git, "ls-files", "-z", *modules], cwd=root, capture_output=True)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if commit.returncode or changes.returncode or tracked.returncode:
-        return None
-    tracked = set(tracked.stdout.decode().split("\0"))
-    return {
-        "commit": commit.stdout.decode().strip(),
-        "diff": changes.stdout,
-        "untracked": [name for name in modules if name not in tracked],
-    }
-
-
-def read_run_code():
-    # The code of a run, read at its start before anything slow (an edit made meanwhile for the
-    # next experiment is not this run's): its modules' sources and the git state
-    sources = read_code()
-    return {"sources": sources, "git": git_state(list(sources))}
-
-
-def kept_name(name, data):
-    # where a module's source (or the git diff) is kept in log_dir: code/{name}-{its hash}, so
-    # equal names mean equal bytes (mylib/attn.py: code/mylib.attn-0123456789ab.py)
-    stem, dot, suffix = name.rpartition(".")
-    stem = stem.replace("/", ".") if dot else name
-    suffix = f".{suffix}" if dot else ""
-    return f"code/{stem}-{hashlib.sha256(data).hexdigest()[:12]}{suffix}"
-
-
-def keep(log_dir, name, data):
-    # data kept once under log_dir (kept_name); the relative path
-    kept = kept_name(name, data)
-    if not (log_dir / kept).exists():
-        fineweb.write_atomic(log_dir / kept, lambda f: f.write(data))
-    return kept
-
-
-def record_run(log_dir, record, code):
-    # One line a start in runs.jsonl: the record, and what produced the run: the source of every
-    # module of this checkout it imported (each kept once in code/), the git commit, diff and
-    # untracked modules, the versions and the time. plot.py compares runs from these.
-    record["code"] = {name: keep(log_dir, name, data) for name, data in code["sources"].items()}
-    git = code["git"]
-    if git is not None:
-        diff = keep(log_dir, "git.diff", git["diff"]) if git["diff"] else None
-        git = {"commit": git["commit"], "diff": diff, "untracked": git["untracked"]}
-    record["git"] = git
-    record["versions"] = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-    }
-    record["time"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    append_record(log_dir, record)
-
-
-def append_record(log_dir, record):
-    # one line of runs.jsonl, appended whole or not at all
-    with open_lines(log_dir / "runs.jsonl") as f:
-        write_lines(f, json.dumps(record) + "\n")
-
-
-def peak_memory_gb(device):
-    # this process's peak memory: the GPU's allocations on CUDA, else its largest resident size
-    if device.startswith("cuda"):
-        return torch.cuda.max_memory_allocated(device) / 2**30
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB (bytes on macOS)
-    return rss * (1 if sys.platform == "darwin" else 1024) / 2**30
-
-
-def record_result(log_dir, status, steps, device):
-    # The run's end, appended to runs.jsonl as {"result": {...}}: finished or stopped, its steps,
-    # the last value of every kind of log.txt (as logged there: tokens, time, val, bpb, hella,
-    # a fork's metric) but the bookkeeping, and its peak memory. Returned as a summary line.
-    series = plot.read_log(log_dir / "log.txt")
-    result = {
-        "status": status,
-        "steps": steps,
-        "tokens": None,
-        "time": None,
-        "peak_memory_gb": round(peak_memory_gb(device), 3),
-        "val": None,
-        "bpb": None,
-        "hella": None,
-    }
-    for kind, points in series.items():
-        if kind not in plot.BOOKKEEPING - {"tokens", "time"}:
-            result[kind] = int(points[-1][1]) if kind == "tokens" else points[-1][1]
-    append_record(log_dir, {"result": result})
-    shown = [
-        f"{k} {v}" for k, v in result.items() if v is not None and k not in ("status", "steps")
-    ]
-    return f"{status} at step {steps}: " + " | ".join(shown)
-
-
-# SIGINT (Ctrl-C), SIGTERM and SIGUSR1 (schedulers), SIGHUP (a closed terminal) ask a run to stop.
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
-
-
-class StopSignal:
-    # During the loop the stop signals only ask: the run ends at its step's end with a
-    # checkpoint, also when asked twice. They are blocked in this thread too, so that processes
-    # started meanwhile (torch.compile's compilers) inherit them blocked: Ctrl-C to the whole
-    # process group stops the run, never a compiler halfway. SIGINT and SIGHUP stay ignored if
-    # the program was started ignoring them (nohup, a shell's background job); SIGTERM and
-    # SIGUSR1 are a scheduler's, and always ask.
-
-    def __init__(self, log):
-        self.log = log
-        self.name = None  # the signal that asked
-        self.told = False  # whether the console has been told
-
-    def __enter__(self):
-        self.previous = {}
-        for sig in STOP_SIGNALS:
-            kept_ignored = sig in (signal.SIGINT, signal.SIGHUP)
-            if kept_ignored and signal.getsignal(sig) == signal.SIG_IGN:
-                continue
-            self.previous[sig] = signal.signal(sig, self.handle)
-        signal.pthread_sigmask(signal.SIG_BLOCK, self.previous)
-        return self
-
-    def handle(self, signum, frame):
-        self.name = self.name or signal.Signals(signum).name
-
-    def requested(self):
-        # a signal sent while blocked waits as pending: take it now
-        for sig in signal.sigpending() & set(self.previous):
-            signal.sigwait([sig])
-            self.handle(sig, None)
-        if self.name and not self.told:
-            self.told = True
-            self.log(f"{self.name}: the run stops at the end of this step, with a checkpoint")
-        return self.name is not None
-
-    def __exit__(self, *exc):
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, self.previous)
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
+        # (a checkpoint of the previous version records a bias flag too: its weights are the same)
+        saved = ckpt["model_config"]
+        fields = {k: v for k, v in saved.items() if k in GPTConfig.__dataclass_fields__}
+        if dropout is not None:
+            fields["dropout"] = dropout
+        model = GPT(GPTConfig(**fields))
+        differ = weight_differing(model, ckpt["model"])
+        if differ:
+            raise ValueError(
+                f"{source} holds another model than this code builds ({differ} differs; was the"
+                " model edited since?): use it with the code that made it (its run's code/ keeps"
+                " it), or train this model from scratch"
+            )
+        model.load_state_dict(ckpt["model"])
+        check_finite(model, source)
+        # the data's tokenizer (a checkpoint before this version held it at its top level)
+        info = ckpt.get("data", {}).get("tokenizer", ckpt.get("tokenizer"))
+        enc = fineweb.tokenizer_from_manifest(info)
+    except (KeyError, TypeError, AttributeError, RuntimeError) as e:
+        raise ValueError(f"{source} is not a checkpoint of train_gpt2.py's GPT ({e})") from None
+    return model.to(device), enc
 
 
 # -----------------------------------------------------------------------------
 # Training
-
-
-def out_of_memory(error):
-    # whether a RuntimeError says a tensor did not fit: torch.OutOfMemoryError (a GPU's), the
-    # CPU's and MPS's allocators ("can't allocate memory"), a size past int64 ("overflowed")
-    text = str(error)
-    return isinstance(error, torch.OutOfMemoryError) or "memory" in text or "overflow" in text
-
-
-def micro_steps(cfg, world_size):
-    # the batch arithmetic: B x T tokens per micro-step and rank, accumulated to the total
-    tokens = cfg.batch_size * cfg.seq_len * world_size
-    if cfg.total_batch_size % tokens == 0:
-        return cfg.total_batch_size // tokens
-    sizes = range(cfg.batch_size, 0, -1)
-    fits = [b for b in sizes if cfg.total_batch_size % (b * cfg.seq_len * world_size) == 0]
-    hint = f"pass --batch_size {fits[0]}" if fits else "change --total_batch_size"
-    raise ValueError(
-        f"--total_batch_size {cfg.total_batch_size:,} is not a multiple of B x T x ranks ="
-        f" {cfg.batch_size} x {cfg.seq_len} x {world_size}: {hint}"
-    )
-
-
-def check_fits(config, device):
-    # A new model too big for this device, refused before it is built: built for real it would
-    # fill memory until the kernel's OOM killer ends the run without a word. Its parameters are
-    # counted on the meta device (no memory); training takes 16 bytes a parameter at least
-    # (float32 weights and gradients, and AdamW's two moments).
-    with torch.device("meta"):
-        n = sum(p.numel() for p in GPT(config).parameters())
-    if device.startswith("cuda"):
-        where, memory = "GPU", torch.cuda.get_device_properties(device).total_memory
-    else:
-        where, memory = "machine", os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    if 16 * n > memory:
-        raise ValueError(
-            f"a model of {n:,} parameters does not fit in memory: it takes"
-            f" {16 * n / 2**30:,.0f} GB to train (16 bytes a parameter), this {where} has"
-            f" {memory / 2**30:,.0f} GB: lower --n_layer or --n_embd"
-        )
 
 
 def build_model(cfg, enc, device, log):
@@ -1428,7 +1019,9 @@ def build_model(cfg, enc, device, log):
         vocab_size = 50304 if enc.name == "gpt2" else enc.n_vocab
         shape = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(ModelConfig)}
         config = GPTConfig(block_size=cfg.seq_len, vocab_size=vocab_size, **shape)
-        check_fits(config, device)
+        # a model too big for the device is refused before it is built (counted without memory)
+        with torch.device("meta"):
+            harness.check_fits(sum(p.numel() for p in GPT(config).parameters()), device)
         return GPT(config)
     model, model_enc = load_model(cfg.init_from, dropout=cfg.dropout)
     same_tokens = fineweb.tokenizer_info(model_enc) == fineweb.tokenizer_info(enc)
@@ -1445,272 +1038,107 @@ def build_model(cfg, enc, device, log):
     return model
 
 
-class Metrics:
-    # Every metric goes through report(): a line on the console, `step kind value` lines in
-    # log.txt (kept open, one whole write per report) and wandb. A training step's console line
-    # also says how much time is left at the pace so far.
-
-    def __init__(self, log_dir, max_steps, time_budget, wandb_run, log):
-        # (log_dir None: another rank's, whose metrics go nowhere)
-        self.file = open_lines(Path(log_dir) / "log.txt") if log_dir else None
-        self.max_steps = max_steps
-        self.time_budget = time_budget  # seconds of training (0: none)
-        self.wandb_run = wandb_run
-        self.log = log
-        self.first = None  # (time, step, training seconds) of the first training step reported
-
-    def report(self, step, **values):
-        # an int as it is (a count of tokens), any other number to 6 significant digits
-        text = {k: str(v) if isinstance(v, int) else f"{v:.6g}" for k, v in values.items()}
-        line = f"step {step:5d}/{self.max_steps} | "
-        line += " | ".join(f"{k} {v}" for k, v in text.items())
-        if "train" in values:
-            line += f" | {self.time_left(step, values.get('time', 0.0))}"
-        self.log(line)
-        if self.file is not None:
-            write_lines(self.file, "".join(f"{step} {k} {v}\n" for k, v in text.items()))
-        if self.wandb_run is not None:
-            self.wandb_run.log(values, step=step)
-
-    def time_left(self, step, train_seconds):
-        # The remaining steps at the mean pace since the first one (evaluations included); in a
-        # time-bounded run, at most the training time left, at the same pace.
-        now = time.time()
-        if self.first is None:
-            self.first = (now, step, train_seconds)
-        if step == self.first[1]:
-            return "eta -"
-        wall = now - self.first[0]
-        seconds = wall / (step - self.first[1]) * (self.max_steps - step - 1)
-        if self.time_budget:
-            trained = train_seconds - self.first[2]
-            seconds = min(seconds, wall / trained * max(self.time_budget - train_seconds, 0))
-        return f"eta {seconds // 3600:.0f}h{seconds % 3600 // 60:02.0f}m"
-
-
-def make_preset_data(data_root):
-    # A preset's corpus of input.txt (PRESET_DATA) is made on its first run, by fineweb.py's code
-    # with the README's flags (the same bytes); a process making it meanwhile is waited for.
-    if data_root not in PRESET_DATA or (Path(data_root) / fineweb.MANIFEST).exists():
-        return
-    input_txt = Path(__file__).resolve().parent / "input.txt"
-    fineweb.main(
-        ["--local", str(input_txt), *PRESET_DATA[data_root], "--out_dir", data_root], wait=True
-    )
-
-
 def train(cfg, log=print):
-    # Train as configured (one process, or one rank of a torchrun launch); the final metrics.
-    # Rank 0 reads the code first (before anything slow), holds log_dir's lock and alone writes
-    # there; a start that fails before writing anything leaves no directory it made.
-    code = read_run_code() if os.environ.get("RANK", "0") == "0" else None
-    make_preset_data(cfg.data_root)
+    # Train as configured: one process, or one rank of a torchrun launch. Returns the final
+    # metrics. The run (harness.py) reads the code first, before anything slow; rank 0 holds
+    # log_dir once the ranks have met.
+    run = harness.Run(cfg, log)
+    harness.make_preset_data(cfg.data_root, PRESET_DATA)
     ddp, rank, local_rank, world_size, device = setup_distributed(cfg.device)
-    log = log if rank == 0 else lambda *args: None
-    log_dir = Path(cfg.log_dir)
-    lock = None
-    made = []
-    try:
-        if rank == 0:
-            lock, made = lock_log_dir(log_dir, log)
-        return run(cfg, rank, local_rank, world_size, device, log, code)
-    finally:
-        if lock is not None:
-            lock.close()
-        if made and os.listdir(log_dir) == [".lock"]:
-            os.remove(log_dir / ".lock")
-            remove_made(made)
+    with run:
+        device_type = device.split(":")[0]
+        master_process = rank == 0
+        B = cfg.batch_size
+        T = cfg.seq_len
+        grad_accum_steps = micro_steps(cfg, world_size)
+
+        # data: what fineweb.py wrote, each shard checked against its manifest before training
+        # reads it (the processes of a node share the check; each node checks its own copy)
+        manifest = fineweb.load_corpus(cfg.data_root)
+        if "note" in manifest:
+            run.log(f"note: {manifest['note']}")
+        enc = fineweb.tokenizer_from_manifest(manifest)
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+        t0 = time.time()
+        verify_shards(cfg.data_root, manifest, enc.n_vocab, local_rank, local_world)
+        shards = len(manifest["shards"])
+        run.log(f"{shards} shards checked against manifest.json ({time.time() - t0:.1f} s)")
+        data = {"tokenizer": fineweb.tokenizer_info(enc), "fingerprint": manifest["fingerprint"]}
+        train_shards = load_shards(cfg.data_root, "train", manifest)
+        train_loader = DataLoaderLite(
+            train_shards, B, T, rank, world_size, cfg.shuffle, cfg.seed, device
+        )
+        val_loader, val_bytes = val_data(cfg, manifest, enc, rank, world_size, device)
+
+        # the model and its optimizers: the same initial weights on every rank
+        if device_type == "cuda":
+            torch.set_float32_matmul_precision("high")  # TF32 for what autocast leaves in fp32
+        torch.manual_seed(cfg.seed)
+        raw_model = build_model(cfg, enc, device, run.log).to(device)
+        muon_lr = cfg.muon_lr if cfg.optimizer == "muon" else 0.0
+        optimizers = raw_model.configure_optimizers(
+            cfg.weight_decay, cfg.max_lr, device_type, muon_lr, cfg.beta2
+        )
+        # (the tied token table counted once)
+        run.log(
+            f"{sum(p.numel() for p in raw_model.parameters()):,} parameters, {raw_model.config}"
+        )
+        # bf16 autocast on a GPU (its tensor cores); float32 elsewhere, where bf16 is emulated
+        amp = torch.bfloat16 if device_type == "cuda" else None
+        # the samples' prompt, checked now: the first sample comes after the run's first writes
+        if cfg.sample_interval:
+            prompt_ids(enc, cfg.sample_prompt, raw_model.config.block_size, "--sample_prompt")
+        hella = hellaswag_data(cfg, enc, raw_model.config.block_size, run.log)
+
+        # the checkpoint --resume names, if any, restored; then the run's start is recorded
+        state = TrainState()
+        ckpt = run.resume()
+        if ckpt is not None:
+            state = resume(ckpt, cfg, raw_model, optimizers, train_loader, data)
+            check_finite(raw_model, run.resumed_from)
+            run.log(f"resumed from {run.resumed_from} at step {state.step}")
+            if cfg.init_from != "scratch":
+                note = f"note: --init_from {cfg.init_from} not applied: the run goes on from"
+                run.log(f"{note} {run.resumed_from}")
+        ckpt = None  # (its memory is the model's and optimizers' now)
+        start_step = state.step
+        # the model as built (--init_from's shape, not the flags'), the data it reads
+        run.begin(
+            start_step,
+            device,
+            model=dataclasses.asdict(raw_model.config),
+            data=dict(data, dataset=manifest.get("dataset")),
+        )
+        time_budget = cfg.max_minutes * 60  # seconds of training (0: no bound)
+        epochs = (cfg.max_steps - start_step) * cfg.total_batch_size / sum(map(len, train_shards))
+        run.log(
+            f"{B} x {T} x {world_size} rank(s) x {grad_accum_steps} micro-steps ="
+            f" {cfg.total_batch_size:,} tokens a step; {cfg.max_steps - start_step} steps to go,"
+            f" {epochs:.2f} epochs of the train split"
+        )
+        if time_budget:
+            run.log(
+                f"time-bounded: training ends after {cfg.max_minutes:g} minutes of training"
+                f" steps ({state.train_seconds / 60:.2f} done), if before step {cfg.max_steps}"
+            )
+
+        # model trains (wrapped in DDP, then compiled); raw_model evaluates and saves
+        model = raw_model
         if ddp:
-            dist.destroy_process_group()
-
-
-def run(cfg, rank, local_rank, world_size, device, log, code):
-    device_type = device.split(":")[0]
-    master_process = rank == 0
-    ddp = dist.is_initialized()
-    B = cfg.batch_size
-    T = cfg.seq_len
-    grad_accum_steps = micro_steps(cfg, world_size)
-
-    # data: what fineweb.py wrote, each shard checked against its manifest before training
-    # reads it (the processes of a node share the check; each node checks its own copy)
-    manifest = fineweb.load_corpus(cfg.data_root)
-    if "note" in manifest:
-        log(f"note: {manifest['note']}")
-    enc = fineweb.tokenizer_from_manifest(manifest)
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    t0 = time.time()
-    verify_shards(cfg.data_root, manifest, enc.n_vocab, local_rank, local_world)
-    log(
-        f"{len(manifest['shards'])} shards checked against manifest.json ({time.time() - t0:.1f} s)"
-    )
-    data = {"tokenizer": fineweb.tokenizer_info(enc), "fingerprint": manifest["fingerprint"]}
-    train_shards = load_shards(cfg.data_root, "train", manifest)
-    # val: the first val_tokens + 1 tokens of the val split (fineweb.py makes it one shard), read
-    # in windows of B*T + 1; bits per byte = loss * tokens / (ln 2 * the targets' UTF-8 bytes)
-    val_shard = load_shards(cfg.data_root, "val", manifest)[0]
-    if cfg.eval_interval and cfg.val_tokens >= len(val_shard):
-        fits = (len(val_shard) - 1) // (B * T) * (B * T)
-        hint = f"pass --val_tokens {fits}" if fits else "lower --batch_size or --seq_len"
-        raise ValueError(
-            f"--val_tokens {cfg.val_tokens:,} is more than the val split holds"
-            f" ({len(val_shard):,} tokens): {hint}, or --eval_interval 0"
-        )
-    bytes_of_val = int(fineweb.token_byte_lengths(enc)[val_shard[1 : cfg.val_tokens + 1]].sum())
-    val_loader = (
-        DataLoaderLite([val_shard], B, T, rank, world_size, device=device)
-        if cfg.eval_interval
-        else None
-    )
-    train_loader = DataLoaderLite(
-        train_shards, B, T, rank, world_size, cfg.shuffle, cfg.seed, device
-    )
-
-    # the model and its optimizers: the same initial weights on every rank
-    if device_type == "cuda":
-        torch.set_float32_matmul_precision("high")  # TF32 for what autocast leaves in fp32
-    torch.manual_seed(cfg.seed)
-    raw_model = build_model(cfg, enc, device, log).to(device)
-    muon_lr = cfg.muon_lr if cfg.optimizer == "muon" else 0.0
-    optimizers = raw_model.configure_optimizers(
-        cfg.weight_decay, cfg.max_lr, device_type, muon_lr, cfg.beta2
-    )
-    # (the tied token table counted once)
-    log(f"{sum(p.numel() for p in raw_model.parameters()):,} parameters, {raw_model.config}")
-    # bf16 autocast on a GPU (its tensor cores); float32 elsewhere, where bf16 is emulated
-    amp = torch.bfloat16 if device_type == "cuda" else None
-    # the samples' prompt, checked now: the first sample comes after the run's first writes
-    if cfg.sample_interval:
-        prompt_ids(enc, cfg.sample_prompt, raw_model.config.block_size, "--sample_prompt")
-
-    # HellaSwag, in GPT-2's tokens, rendered once: the official split (downloaded once) or a file
-    hella = None
-    if cfg.hellaswag_interval and enc.name == "gpt2":
-        examples = hellaswag.load_examples(cfg.hellaswag_data or None)
-        hella = hellaswag.prepare(examples, enc, raw_model.config.block_size)
-    elif cfg.hellaswag_interval:
-        log(f"HellaSwag skipped: it is in GPT-2's tokens, the data in {enc.name}'s")
-
-    # resume from the checkpoint --resume names: rank 0 chooses, every rank reads it
-    log_dir = Path(cfg.log_dir)
-    chosen = [choose_checkpoint(cfg.resume, log_dir, log) if master_process else None]
-    if ddp:
-        dist.broadcast_object_list(chosen)
-    path = chosen[0]
-    # a checkpoint of this log_dir: the same run goes on (its wandb run too)
-    continues = path is not None and path.resolve().parent == log_dir.resolve()
-    start_step = 0
-    history = []  # (loss, norm) of the recent updates, for --skip_spikes
-    tokens = 0  # trained on so far
-    train_seconds = 0.0  # spent in training steps so far
-    wandb_id = None
-    ckpt = None
-    if path is not None:
-        ckpt = load_checkpoint(path)
-        check_resumable(ckpt, raw_model, optimizers, cfg, data)
-        raw_model.load_state_dict(ckpt["model"])
-        check_finite(raw_model, path)
-        for opt, saved in zip(optimizers, ckpt["optimizers"]):
-            # the moments and step counts are the checkpoint's, the hyper-parameters this run's
-            opt.load_state_dict(
-                {"state": saved["state"], "param_groups": opt.state_dict()["param_groups"]}
+            model = torch.nn.parallel.DistributedDataParallel(
+                model, device_ids=[device] if device_type == "cuda" else None
             )
-        train_loader.load_state_dict(ckpt["loader"])
-        start_step = ckpt["step"]
-        history = ckpt["spike_history"]
-        tokens = ckpt.get("tokens", start_step * cfg.total_batch_size)
-        train_seconds = ckpt.get("train_seconds", 0.0)
-        wandb_id = ckpt["wandb_id"] if continues else None
-        log(f"resumed from {path} at step {start_step}")
-        if cfg.init_from != "scratch":
-            log(f"note: --init_from {cfg.init_from} not applied: the run goes on from {path}")
+        if cfg.compile == "true" or (cfg.compile == "auto" and device_type == "cuda"):
+            # after DDP: dynamo splits the graph at DDP's buckets, so all-reduces overlap backward
+            model = torch.compile(model)
+        # MFU: the FLOPs of a step against the GPUs' peak (None off CUDA or on an unknown GPU)
+        peak = harness.peak_flops(device)
+        flops_per_step = raw_model.flops_per_token(T) * cfg.total_batch_size
+        stopping = False
+        time_up = time_budget > 0 and state.train_seconds >= time_budget
 
-    # log_dir (rank 0's, locked): nothing another run made is written over; then the run's
-    # record and its metrics' sinks
-    wandb_run = None
-    kept = None  # where each module's source is kept (rank 0's)
-    if master_process:
-        check_log_dir(log_dir, start_step, continues, cfg.resume)
-        # the code as read at the start, and any module of this checkout imported since
-        code["sources"].update(read_code(code["sources"]))
-        kept = {name: kept_name(name, source) for name, source in code["sources"].items()}
-        # A resume under other code than its checkpoint's (a logging fix mid-run) goes on, said
-        # in one line and recorded with this start's step.
-        saved = ckpt.get("code") if ckpt is not None else None
-        changed = []
-        if saved:  # (a checkpoint older than the code's record: not known)
-            changed = sorted(n for n in kept.keys() | saved.keys() if kept.get(n) != saved.get(n))
-        if changed:
-            log(
-                f"note: the code differs from {path}'s ({', '.join(changed)}): the run goes on"
-                f" under this code, and runs.jsonl records that it changed at step {start_step}"
-            )
-        # A branch (a resume from another run's checkpoint) starts with a checkpoint of its own,
-        # before anything else is written: stopped or killed at any moment, --resume auto
-        # continues it.
-        if ckpt is not None and not continues:
-            ckpt.update(train_config=dataclasses.asdict(cfg), code=kept, wandb_id=None)
-            save_checkpoint(log_dir / f"model_{start_step:05d}.pt", ckpt)
-        if cfg.wandb_project:
-            import wandb
-
-            wandb_run = wandb.init(
-                project=cfg.wandb_project,
-                id=wandb_id,
-                resume="allow",
-                config=dataclasses.asdict(cfg),
-            )
-            wandb_id = wandb_run.id
-        record = {
-            "step": start_step,
-            "resumed_from": path and str(path),
-            "config": dataclasses.asdict(cfg),
-            # the model as built: with --init_from, not the config's shape flags
-            "model": dataclasses.asdict(raw_model.config),
-            "data": dict(data, dataset=manifest.get("dataset")),
-            "world_size": world_size,
-            "device": torch.cuda.get_device_name(device) if device_type == "cuda" else device,
-        }
-        if changed:
-            record["code_changed"] = changed
-        record_run(log_dir, record, code)
-    ckpt = None  # (its memory is the model's and optimizers' now)
-    time_budget = cfg.max_minutes * 60  # seconds of training (0: no bound)
-    metrics = Metrics(
-        log_dir if master_process else None, cfg.max_steps, time_budget, wandb_run, log
-    )
-    epochs = (cfg.max_steps - start_step) * cfg.total_batch_size / sum(map(len, train_shards))
-    log(
-        f"{B} x {T} x {world_size} rank(s) x {grad_accum_steps} micro-steps ="
-        f" {cfg.total_batch_size:,} tokens a step; {cfg.max_steps - start_step} steps to go,"
-        f" {epochs:.2f} epochs of the train split"
-    )
-    if time_budget:
-        log(
-            f"time-bounded: training ends after {cfg.max_minutes:g} minutes of training steps"
-            f" ({train_seconds / 60:.2f} done), if before step {cfg.max_steps}"
-        )
-
-    # model trains (wrapped in DDP, then compiled); raw_model evaluates and saves
-    model = raw_model
-    if ddp:
-        model = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[device] if device_type == "cuda" else None
-        )
-    if cfg.compile == "true" or (cfg.compile == "auto" and device_type == "cuda"):
-        # after DDP: dynamo splits the graph at DDP's buckets, so all-reduces overlap backward
-        model = torch.compile(model)
-    # MFU: the FLOPs of a step against the GPUs' peak (None off CUDA or on an unknown GPU)
-    peak = peak_flops(device)
-    flops_per_step = raw_model.flops_per_token(T) * cfg.total_batch_size
-    val_loss = None
-    stopping = False
-    time_up = time_budget > 0 and train_seconds >= time_budget
-
-    # The loop. From here on a stop signal only asks: the run ends at a step's end with a
-    # checkpoint. (Before, its default action ends the program: nothing worth keeping is
-    # written yet.)
-    with StopSignal(log) as stop:
+        # The loop. A stop signal only asks (run.stop_requested): the run ends at a step's end
+        # with a checkpoint.
         for step in range(start_step, cfg.max_steps + 1):
             last_step = step == cfg.max_steps or time_up
 
@@ -1722,18 +1150,18 @@ def run(cfg, rank, local_rank, world_size, device, log, code):
             val_due = cfg.eval_interval and (step % cfg.eval_interval == 0 or last_step)
             if val_due and not stopping:
                 val_steps = cfg.val_tokens // (B * T)
-                loss = evaluate_val_loss(raw_model, val_loader, val_steps, amp, stop)
+                loss = evaluate_val_loss(raw_model, val_loader, val_steps, amp, run.stop_requested)
                 stopping = loss is None
                 if loss is not None:
-                    val_loss = loss
-                    bpb = val_loss * cfg.val_tokens / (math.log(2) * bytes_of_val)
-                    metrics.report(step, val=val_loss, bpb=bpb)
+                    state.val_loss = loss
+                    bpb = loss * cfg.val_tokens / (math.log(2) * val_bytes)
+                    run.report(step, val=loss, bpb=bpb)
 
             # HellaSwag every hellaswag_interval steps and at the end
             hella_due = hella is not None and (step % cfg.hellaswag_interval == 0 or last_step)
             if hella_due and not stopping:
-                result = hellaswag.evaluate(raw_model, hella, device, rank, world_size, amp)
-                metrics.report(step, hella=result["acc_norm"])
+                result = hellaswag_eval.evaluate(raw_model, hella, device, rank, world_size, amp)
+                run.report(step, hella=result["acc_norm"])
 
             # samples from the model, rank 0 only
             sample_due = cfg.sample_interval and (step % cfg.sample_interval == 0 or last_step)
@@ -1742,42 +1170,17 @@ def run(cfg, rank, local_rank, world_size, device, log, code):
                     raw_model, enc, cfg.sample_prompt, 4, cfg.sample_length, seed=cfg.seed
                 )
                 for i, text in enumerate(texts):
-                    log(f"sample {i}: {text}")
+                    run.log(f"sample {i}: {text}")
 
             # checkpoint every ckpt_interval steps, at the end, and when a stop was asked for
             ckpt_due = cfg.ckpt_interval and step % cfg.ckpt_interval == 0
             if step > start_step and (ckpt_due or last_step or stopping):
-                checkpoint = {
-                    "model": raw_model.state_dict(),
-                    "optimizers": [opt.state_dict() for opt in optimizers],
-                    "model_config": dataclasses.asdict(raw_model.config),
-                    "train_config": dataclasses.asdict(cfg),
-                    "step": step,
-                    "val_loss": val_loss,
-                    "loader": train_loader.state_dict(),
-                    "spike_history": history,
-                    "tokens": tokens,
-                    "train_seconds": train_seconds,
-                    "data": data,
-                    "tokenizer": data["tokenizer"],
-                    "code": kept,
-                    "wandb_id": wandb_id,
-                }
-                if master_process:
-                    save_checkpoint(log_dir / f"model_{step:05d}.pt", checkpoint)
-                    log(f"saved {log_dir / f'model_{step:05d}.pt'}")
-                    # --keep_last: only this log_dir's older checkpoints go
-                    for s, old in find_checkpoints(log_dir)[: -cfg.keep_last or None]:
-                        if cfg.keep_last and s < step:
-                            old.unlink()
-                if ddp:
-                    dist.barrier()  # nobody races ahead (or exits) before the file exists
-                if master_process and cfg.curves:
-                    plot.refresh(log_dir, log, force=last_step or stopping)
+                state.step = step
+                checkpoint = make_checkpoint(cfg, raw_model, optimizers, train_loader, state, data)
+                run.save(step, checkpoint, last=last_step or stopping)
             if last_step:
                 break
             if stopping:
-                log(f"{stop.name or 'a stop request on another rank'}: stopped at step {step}")
                 break
 
             # one optimization step: grad_accum_steps micro-steps of B x T tokens
@@ -1803,18 +1206,27 @@ def run(cfg, rank, local_rank, world_size, device, log, code):
                 loss = loss / grad_accum_steps
                 loss_accum += loss.detach()
                 loss.backward()
-            # One all-reduce and one host sync a step: the loss, whether a rank was asked to
-            # stop (all ranks stop together), rank 0's training clock (so that a time-bounded
-            # run's LR and last step are the same on every rank), then the gradient norm.
-            asked = torch.full((), float(stop.requested()), device=device)
-            seconds = train_seconds + time.time() - t0 if master_process else 0.0
-            clock = torch.full((), seconds, device=device)
-            shared = torch.stack([loss_accum / world_size, asked, clock])
+
+            # The step's results, summed over the ranks in one all-reduce and brought to the host
+            # with the gradient norm in one sync: the mean loss (a scalar added here is logged
+            # with it), whether a rank was asked to stop (all ranks stop together) and rank 0's
+            # training clock (a time-bounded run's LR and last step are the same on every rank).
+            seconds = state.train_seconds + time.time() - t0 if master_process else 0.0
+            sums = {
+                "train": loss_accum / world_size,
+                "stop": torch.tensor(float(run.stop_requested()), device=device),
+                "clock": torch.tensor(seconds, device=device),
+            }
+            summed = torch.stack(list(sums.values()))
             if ddp:
-                dist.all_reduce(shared)
+                dist.all_reduce(summed)
             norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg.grad_clip or math.inf)
-            loss_value, stops, seconds, norm = torch.cat([shared, norm.view(1)]).tolist()
-            stopping = stops > 0
+            synced = torch.cat([summed, norm.view(1)]).tolist()
+            values = dict(zip(sums, synced))
+            norm = synced[-1]
+            stopping = values.pop("stop") > 0
+            seconds = values.pop("clock")
+
             # The schedule: min_lr is max_lr / 10 (GPT-2's recipe, 6e-4 -> 6e-5). A time-bounded
             # run (--max_minutes) decays over its budget and ends after the step that spends it.
             time_used = seconds / time_budget if time_budget else None
@@ -1828,6 +1240,7 @@ def run(cfg, rank, local_rank, world_size, device, log, code):
 
             # A non-finite update stops the run (or is skipped). With --skip_spikes, each step's
             # z-score (loss or norm against the last 128 updates) is logged; above Z, skipped.
+            loss_value = values["train"]
             skip = not math.isfinite(loss_value + norm)
             if skip and not cfg.skip_nonfinite:
                 raise ValueError(
@@ -1836,24 +1249,24 @@ def run(cfg, rank, local_rank, world_size, device, log, code):
                     " --resume auto continues from the last checkpoint, --skip_nonfinite true"
                     " skips such updates"
                 )
+            history = state.spike_history
             if not skip and cfg.skip_spikes and len(history) >= 16:
                 past = np.array(history)  # (n, 2)
                 z = ((np.array([loss_value, norm]) - past.mean(0)) / (past.std(0) + 1e-8)).max()
                 skip = z > cfg.skip_spikes
-                metrics.report(step, spike=z)
+                run.report(step, spike=z)
             if not skip:
                 for opt in optimizers:
                     opt.step()
-                history = (history + [[loss_value, norm]])[-128:]
+                state.spike_history = (history + [[loss_value, norm]])[-128:]
 
             # The log line; the step's time includes its wait for the GPU (the sync above). The
             # tokens and training time so far are what comparisons of runs are drawn against.
             dt = time.time() - t0
             step_tokens = grad_accum_steps * B * T * world_size
-            tokens += step_tokens
-            train_seconds += dt
-            values = dict(
-                train=loss_value,
+            state.tokens += step_tokens
+            state.train_seconds += dt
+            values.update(
                 lr=lr,
                 norm=norm,
                 ms=dt * 1000,
@@ -1862,122 +1275,20 @@ def run(cfg, rank, local_rank, world_size, device, log, code):
             )
             if peak:
                 values["mfu"] = flops_per_step / dt / (peak * world_size)
-            metrics.report(step, **values, tokens=tokens, time=train_seconds)
+            run.report(step, **values, tokens=state.tokens, time=state.train_seconds)
 
-        # the run's end, finished or stopped: a result record for scripts, and a summary line
-        if master_process:
-            log(record_result(log_dir, "finished" if last_step else "stopped", step, device))
-        if wandb_run is not None:
-            wandb_run.finish()
-    return {"step": step, "val_loss": val_loss, "stopped": not last_step, "log_dir": str(log_dir)}
-
-
-# -----------------------------------------------------------------------------
-# Command line
-
-
-def true_or_false(text):
-    # a bool flag takes true or false (anything else: argparse's one-line error)
-    return ["false", "true"].index(text.lower()) == 1
-
-
-def field_helps():
-    # {field: its --help}, the comments within each config field's statement in this file's
-    # source, however the formatter lays it out: `x: float = (` with the value and its comment on
-    # the next line, a comment after the opening parenthesis, or after the closing one
-    with tokenize.open(__file__) as f:
-        source = f.read()
-    comments = {}
-    for token in tokenize.generate_tokens(io.StringIO(source).readline):
-        if token.type == tokenize.COMMENT:
-            comments[token.start[0]] = token.string[1:].strip()
-    configs = [cls.__name__ for cls in TrainConfig.__mro__]
-    helps = {}
-    for node in ast.parse(source).body:
-        if not isinstance(node, ast.ClassDef) or node.name not in configs:
-            continue
-        for field in node.body:
-            if isinstance(field, ast.AnnAssign) and isinstance(field.target, ast.Name):
-                lines = range(field.lineno, field.end_lineno + 1)
-                helps[field.target.id] = " ".join(comments[n] for n in lines if n in comments)
-    return helps
-
-
-def parse_args(argv):
-    # --preset NAME replaces TrainConfig's defaults; then every field is a flag, typed by its
-    # annotation and documented by its comment (if any), so explicit flags override the preset
-    first = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    first.add_argument("--preset", choices=sorted(PRESETS))
-    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
-    defaults.update(PRESETS.get(first.parse_known_args(argv)[0].preset, {}))
-    helps = field_helps()
-    gpus = torch.cuda.device_count()
-    here = "no CUDA GPU: auto is cpu (or mps), float32, not compiled"
-    here = f"{gpus} CUDA GPU(s): auto is cuda, bfloat16, compiled" if gpus else here
-    parser = argparse.ArgumentParser(
-        prog="train_gpt2.py",
-        usage=argparse.SUPPRESS,
-        description="Train GPT-2 (README.md has the recipes).",
-        epilog=f"On this machine: {here}.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        allow_abbrev=False,
-    )
-    parser.add_argument("--preset", choices=sorted(PRESETS), help="a recipe; flags override it")
-    for field in dataclasses.fields(TrainConfig):
-        kind = field.type if isinstance(field.type, type) else type(field.default)
-        kind = true_or_false if kind is bool else kind
-        parser.add_argument(
-            f"--{field.name}", type=kind, default=defaults[field.name], help=helps.get(field.name)
-        )
-    args = vars(parser.parse_args(argv))
-    args.pop("preset")
-    try:
-        return TrainConfig(**args)
-    except ValueError as e:
-        parser.error(str(e))
-
-
-def continue_command(argv):
-    # the command that continues a stopped run, shell-quoted: its flags (less --resume), then
-    # --resume auto; under torchrun, on one node (several: each with its own flags)
-    launcher = (
-        ["torchrun", "--standalone", f"--nproc_per_node={os.environ['LOCAL_WORLD_SIZE']}"]
-        if "LOCAL_WORLD_SIZE" in os.environ
-        else ["python"]
-    )
-    args = iter(argv)
-    kept = []
-    for arg in args:
-        if arg == "--resume":
-            next(args, None)  # and its value
-        elif not arg.startswith("--resume="):
-            kept.append(arg)
-    return shlex.join(launcher + [os.path.relpath(__file__), *kept, "--resume", "auto"])
+        run.end(last_step, step)
+        return {
+            "step": step,
+            "val_loss": state.val_loss,
+            "stopped": not last_step,
+            "log_dir": cfg.log_dir,
+        }
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    try:
-        cfg = parse_args(argv)
-        result = train(cfg, log=fineweb.say)
-    except RuntimeError as e:
-        # a GPU's out of memory, or the CPU allocator's, at any step
-        if not out_of_memory(e):
-            raise
-        sys.exit(
-            "train_gpt2.py: error: out of memory: lower --batch_size (gradient accumulation"
-            " keeps --total_batch_size), or the model's size"
-        )
-    except (ValueError, OSError) as e:
-        sys.exit(f"train_gpt2.py: error: {' '.join(str(e).split())}")
-    except KeyboardInterrupt:
-        sys.exit("train_gpt2.py: interrupted outside the training loop; checkpoints as they were")
-    # The run's work is done, its last checkpoint and record written: a stop signal from here on
-    # (a scheduler's, at the job's end) changes nothing, and the exit status stays 0.
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, signal.SIG_IGN)
-    if result["stopped"] and os.environ.get("RANK", "0") == "0":
-        fineweb.say(f"to continue: {continue_command(argv)}")
+    # the command line (harness.main): every TrainConfig field a flag, a bad one a single line
+    harness.main(train, TrainConfig, PRESETS, argv)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,8 @@ from conftest import (
 
 import export_hf
 import fineweb
-import hellaswag
+import harness
+import hellaswag_eval
 import train_gpt2
 
 GPT2_FILES = {
@@ -85,7 +86,7 @@ def char_checkpoint(path, chars, n_embd=32, seed=0, block_size=32):
         "step": 0,
         "tokenizer": fineweb.tokenizer_info(fineweb.CharTokenizer(chars)),
     }
-    train_gpt2.save_checkpoint(path, ckpt)
+    harness.save_checkpoint(path, ckpt)
     return path
 
 
@@ -101,11 +102,11 @@ def trained(gpt2_corpus, tmp_path_factory):
 @pytest.fixture(scope="module")
 def nudged(trained):
     # the trained checkpoint, its weights nudged (2 steps leave them at their init)
-    ckpt = train_gpt2.load_checkpoint(trained)
+    ckpt = harness.read_checkpoint(trained)
     model, _ = train_gpt2.load_model(trained)
     ckpt["model"] = nudge(model, 0.5).state_dict()
     path = trained.with_name("nudged.pt")
-    train_gpt2.save_checkpoint(path, ckpt)
+    harness.save_checkpoint(path, ckpt)
     return path
 
 
@@ -276,15 +277,15 @@ def test_lm_eval_picks_what_hellaswag_py_picks(exported, ours):
     for ex in examples:
         accs = []
         for j in range(4):
-            prepared = hellaswag.prepare([{**ex, "label": j}], enc, model.config.block_size)
-            accs.append(hellaswag.evaluate(model, prepared, "cpu")["acc"])
+            prepared = hellaswag_eval.prepare([{**ex, "label": j}], enc, model.config.block_size)
+            accs.append(hellaswag_eval.evaluate(model, prepared, "cpu")["acc"])
         assert sorted(accs) == [0, 0, 0, 1]
         picks.append(accs.index(1))
     assert len(set(picks)) > 1  # the picks vary: agreeing on them means something
     assert theirs == picks
-    prepared = hellaswag.prepare(examples, enc, model.config.block_size)
+    prepared = hellaswag_eval.prepare(examples, enc, model.config.block_size)
     right = sum(p == ex["label"] for p, ex in zip(theirs, examples))
-    assert hellaswag.evaluate(model, prepared, "cpu")["acc"] == right / len(examples)
+    assert hellaswag_eval.evaluate(model, prepared, "cpu")["acc"] == right / len(examples)
 
 
 @pytest.mark.gpt2_contract
@@ -352,9 +353,9 @@ def soft_capped(cap):
 
 def test_older_checkpoints_load_with_their_dropout(tmp_path):
     # a checkpoint of the previous version records a bias flag too (its weights are the same)
-    ckpt = train_gpt2.load_checkpoint(char_checkpoint(tmp_path / "model_00000.pt", "abc"))
+    ckpt = harness.read_checkpoint(char_checkpoint(tmp_path / "model_00000.pt", "abc"))
     ckpt["model_config"].update(bias=True, dropout=0.1)
-    train_gpt2.save_checkpoint(tmp_path / "old.pt", ckpt)
+    harness.save_checkpoint(tmp_path / "old.pt", ckpt)
     model, enc = export_hf.load(tmp_path / "old.pt")
     assert model.config.dropout == 0.1 and not model.training and enc.chars == "abc"
 
@@ -367,21 +368,21 @@ def make_inputs(root):
     (root / "text.pt").write_text("not a checkpoint\n")
     torch.save([1, 2, 3], root / "list.pt")
     torch.save({"model": {}, "model_config": [2], "step": 0}, root / "foreign.pt")
-    saved = train_gpt2.load_checkpoint(ckpt)
+    saved = harness.read_checkpoint(ckpt)
     del saved["tokenizer"]
-    train_gpt2.save_checkpoint(root / "no_tokenizer.pt", saved)
-    saved = train_gpt2.load_checkpoint(char_checkpoint(root / "small_table.pt", "abc"))
+    harness.save_checkpoint(root / "no_tokenizer.pt", saved)
+    saved = harness.read_checkpoint(char_checkpoint(root / "small_table.pt", "abc"))
     saved["tokenizer"] = fineweb.tokenizer_info(fineweb.CharTokenizer("abcd"))
-    train_gpt2.save_checkpoint(root / "small_table.pt", saved)
+    harness.save_checkpoint(root / "small_table.pt", saved)
     (root / "full").mkdir()
     (root / "full" / "mine.txt").write_text("keep me")
     (root / "a_file").write_text("keep me")
     # what a read would wait on for ever, and a run that diverged (a NaN among its weights)
     os.mkfifo(root / "fifo.pt")
     os.mkfifo(root / "fifo_out")
-    saved = train_gpt2.load_checkpoint(ckpt)
+    saved = harness.read_checkpoint(ckpt)
     saved["model"]["transformer.h.1.mlp.c_proj.weight"][4, 2] = math.inf
-    train_gpt2.save_checkpoint(root / "nan.pt", saved)
+    harness.save_checkpoint(root / "nan.pt", saved)
 
 
 # name: (an edit of train_gpt2 as a user might make it, or None; the arguments; the message)

@@ -1,8 +1,9 @@
-"""hellaswag.py: rendering, the batched scoring (the same picks as each example's 4 rows scored
-alone, batches rounded up to a few widths), DDP striding over 2 gloo processes, the results kept
-on the device, the data readers, the hub download from an offline cache, and the command line:
-one real process on a checkpoint, and every bad input (data, model, flags) one line on stderr
-through main(). The model of the scoring tests is a tiny causal LM defined here."""
+"""hellaswag_eval.py and hellaswag.py: rendering, the batched scoring (the same picks as each
+example's 4 rows scored alone, batches rounded up to a few widths), DDP striding over 2 gloo
+processes, the results kept on the device, the data readers, the hub download from an offline
+cache, and the command line: one real process on a checkpoint, and every bad input (data, model,
+flags) one line on stderr through main(). The model of the scoring tests is a tiny causal LM
+defined here."""
 
 import copy
 import hashlib
@@ -29,7 +30,9 @@ from conftest import (
     start,
 )
 
+import harness
 import hellaswag
+import hellaswag_eval
 import train_gpt2
 from fineweb import get_tokenizer
 
@@ -128,7 +131,7 @@ def scored_alone(model, example, enc):
     """(sum (4,), mean (4,)) losses of one example's 4 rows scored by themselves, written out
     independently: log-softmax over GPT-2's ids only, each ending token's log-probability read
     from the position before it."""
-    tokens, mask, _ = hellaswag.render_example(example, enc)
+    tokens, mask, _ = hellaswag_eval.render_example(example, enc)
     with torch.no_grad():
         logits, _ = model(tokens)  # (4, L, V)
     logp = logits[..., : enc.n_vocab].log_softmax(dim=-1)
@@ -166,13 +169,13 @@ def model():
 
 @pytest.fixture(scope="module")
 def prepared(examples, enc, model):
-    return hellaswag.prepare(examples, enc, model.config.block_size)
+    return hellaswag_eval.prepare(examples, enc, model.config.block_size)
 
 
 @pytest.fixture(scope="module")
 def few(examples, enc, model):
     """The first 8 examples prepared: for the tests that need no more."""
-    return hellaswag.prepare(examples[:8], enc, model.config.block_size)
+    return hellaswag_eval.prepare(examples[:8], enc, model.config.block_size)
 
 
 @pytest.fixture(scope="module")
@@ -192,7 +195,7 @@ def test_render_example_rows_mask_and_padding(enc):
         "endings": ["is using wrap.", "starts pulling up roofing on a roof.", "x", "sits."],
         "label": 3,
     }
-    tokens, mask, label = hellaswag.render_example(example, enc)
+    tokens, mask, label = hellaswag_eval.render_example(example, enc)
     ctx = enc.encode_ordinary(example["ctx"])
     ends = [enc.encode_ordinary(" " + e) for e in example["endings"]]
     width = len(ctx) + max(map(len, ends))
@@ -208,7 +211,7 @@ def test_render_example_rows_mask_and_padding(enc):
 
 def test_text_spelling_the_special_token_stays_text(enc):
     example = {"ctx": "He wrote <|endoftext|> on", "endings": ["it"] * 4, "label": 0}
-    tokens, _, _ = hellaswag.render_example(example, enc)
+    tokens, _, _ = hellaswag_eval.render_example(example, enc)
     assert enc.eot_token not in tokens.flatten().tolist()
 
 
@@ -218,7 +221,7 @@ def test_prepare_lays_out_rows_shortest_first(prepared, examples, enc):
     assert prepared["labels"].tolist() == [ex["label"] for ex in examples]
     assert prepared["n_vocab"] == enc.n_vocab
     # row 4 * i + j is example i's ending j, as render_example has it
-    tokens, mask, _ = hellaswag.render_example(examples[5], enc)
+    tokens, mask, _ = hellaswag_eval.render_example(examples[5], enc)
     width = tokens.size(1)
     assert torch.equal(prepared["tokens"][20:24, :width], tokens)
     assert not prepared["tokens"][20:24, width:].any()
@@ -233,15 +236,15 @@ def test_prepare_lays_out_rows_shortest_first(prepared, examples, enc):
 def test_prepare_refuses_what_cannot_be_scored(examples, enc):
     empty = {"ctx": "", "endings": ["a", "b", "c", "d"], "label": 0}
     with pytest.raises(ValueError) as info:
-        hellaswag.prepare(examples[:2] + [empty], enc, 64)
+        hellaswag_eval.prepare(examples[:2] + [empty], enc, 64)
     assert str(info.value) == "example 2: the context is empty"
     long = {"ctx": " ".join(["He runs."] * 30), "endings": ["a", "b", "c", "a b"], "label": 0}
     n = len(enc.encode_ordinary(long["ctx"] + " a b"))
     with pytest.raises(ValueError) as info:
-        hellaswag.prepare(examples[:2] + [long], enc, 64)
+        hellaswag_eval.prepare(examples[:2] + [long], enc, 64)
     message = f"example 2: context + ending is {n} tokens, more than block_size 64"
     assert str(info.value) == message
-    assert hellaswag.prepare([long], enc, n)["tokens"].size(1) == n
+    assert hellaswag_eval.prepare([long], enc, n)["tokens"].size(1) == n
 
 
 # ----------------------------------------------------------------------------------------------
@@ -260,13 +263,13 @@ def test_batched_picks_are_those_of_each_example_alone(model, prepared, alone, e
         assert (top2[:, 1] - top2[:, 0]).min() > 1e-3
     # 1 row a batch, 7 (examples split over batches), all in one batch
     for batch_rows in (1, 7, 1000):
-        sums, means = hellaswag.ending_losses(model, prepared, "cpu", batch_rows=batch_rows)
+        sums, means = hellaswag_eval.ending_losses(model, prepared, "cpu", batch_rows=batch_rows)
         assert torch.equal(sums.argmin(dim=1), picks), batch_rows
         assert torch.equal(means.argmin(dim=1), picks_norm), batch_rows
         torch.testing.assert_close(sums, ref_sum, rtol=0, atol=1e-4)
         torch.testing.assert_close(means, ref_mean, rtol=0, atol=1e-4)
     labels = torch.tensor([ex["label"] for ex in examples])
-    result = hellaswag.evaluate(model, prepared, "cpu", batch_rows=7)
+    result = hellaswag_eval.evaluate(model, prepared, "cpu", batch_rows=7)
     assert result == {
         "n": N_EXAMPLES,
         "acc": (picks == labels).sum().item() / N_EXAMPLES,
@@ -280,10 +283,10 @@ def test_batches_take_a_few_widths(model, prepared):
     all): on a GPU each width builds its own attention kernels."""
     length = (prepared["start"] + prepared["count"])[prepared["order"]].tolist()
     longest = prepared["tokens"].size(1)
-    assert len(set(length)) > 10 and longest > hellaswag.WIDTH_STEP  # widths to round
+    assert len(set(length)) > 10 and longest > hellaswag_eval.WIDTH_STEP  # widths to round
     model.widths.clear()
-    hellaswag.ending_losses(model, prepared, "cpu", batch_rows=4)
-    step = hellaswag.WIDTH_STEP
+    hellaswag_eval.ending_losses(model, prepared, "cpu", batch_rows=4)
+    step = hellaswag_eval.WIDTH_STEP
     for first, width in zip(range(0, len(length), 4), model.widths):
         batch = max(length[first : first + 4])
         assert width == min(-(-batch // step) * step, longest), (batch, width)
@@ -301,14 +304,14 @@ def test_padded_vocabulary_ids_are_left_out_of_the_softmax(model, few, enc):
         for k, v in model.state_dict().items()
     }
     trimmed.load_state_dict(state)
-    a = hellaswag.ending_losses(padded, few, "cpu")
-    b = hellaswag.ending_losses(trimmed, few, "cpu")
+    a = hellaswag_eval.ending_losses(padded, few, "cpu")
+    b = hellaswag_eval.ending_losses(trimmed, few, "cpu")
     for x, y in zip(a, b):
         torch.testing.assert_close(x, y, rtol=0, atol=1e-4)
 
 
 def test_rank_scores_every_world_size_th_example(model, prepared, alone):
-    sums, means = hellaswag.ending_losses(model, prepared, "cpu", rank=1, world_size=3)
+    sums, means = hellaswag_eval.ending_losses(model, prepared, "cpu", rank=1, world_size=3)
     assert sums.shape == (len(range(1, N_EXAMPLES, 3)), 4)
     torch.testing.assert_close(sums, alone[0][1::3], rtol=0, atol=1e-4)
     torch.testing.assert_close(means, alone[1][1::3], rtol=0, atol=1e-4)
@@ -317,11 +320,11 @@ def test_rank_scores_every_world_size_th_example(model, prepared, alone):
 def test_eval_mode_no_grad_autocast_and_the_mode_restored(model, few):
     model.train()
     model.calls.clear()
-    hellaswag.evaluate(model, few, "cpu")
+    hellaswag_eval.evaluate(model, few, "cpu")
     assert model.training
     assert model.calls and set(model.calls) == {(False, False, False)}
     model.calls.clear()
-    result = hellaswag.evaluate(model, few, "cpu", autocast_dtype=torch.bfloat16)
+    result = hellaswag_eval.evaluate(model, few, "cpu", autocast_dtype=torch.bfloat16)
     assert set(model.calls) == {(False, False, True)}
     assert result["n"] == 8 and 0 <= result["acc_norm"] <= 1
 
@@ -331,7 +334,7 @@ def test_eval_mode_no_grad_autocast_and_the_mode_restored(model, few):
 
     broken = Broken().train()
     with pytest.raises(RuntimeError):
-        hellaswag.evaluate(broken, few, "cpu")
+        hellaswag_eval.evaluate(broken, few, "cpu")
     assert broken.training
     model.eval()
 
@@ -357,7 +360,7 @@ def test_results_stay_on_the_device_until_one_sync_at_the_end(model, few, monkey
     for batch_rows in (4, 1000):
         seen.clear()
         model.calls.clear()
-        hellaswag.evaluate(model, few, "cpu", batch_rows=batch_rows)
+        hellaswag_eval.evaluate(model, few, "cpu", batch_rows=batch_rows)
         counts.append((len(model.calls), list(seen)))
     monkeypatch.undo()
     assert [n for n, _ in counts] == [8, 1]
@@ -367,20 +370,20 @@ def test_results_stay_on_the_device_until_one_sync_at_the_end(model, few, monkey
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_on_a_gpu_one_sync_and_the_picks_of_the_cpu(model, prepared, alone):
     gpu = copy.deepcopy(model).cuda()
-    hellaswag.evaluate(gpu, prepared, "cuda")  # warm-up: CUDA's lazy initialisation
+    hellaswag_eval.evaluate(gpu, prepared, "cuda")  # warm-up: CUDA's lazy initialisation
     syncs = []
     for batch_rows in (4, 1000):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             torch.cuda.set_sync_debug_mode("warn")
             try:
-                hellaswag.evaluate(gpu, prepared, "cuda", batch_rows=batch_rows)
+                hellaswag_eval.evaluate(gpu, prepared, "cuda", batch_rows=batch_rows)
             finally:
                 torch.cuda.set_sync_debug_mode("default")
         syncs.append(sum("synchronizing" in str(w.message) for w in caught))
     # the final counts.tolist() only, however many batches
     assert syncs == [1, 1]
-    sums, means = hellaswag.ending_losses(gpu, prepared, "cuda")
+    sums, means = hellaswag_eval.ending_losses(gpu, prepared, "cuda")
     assert torch.equal(sums.argmin(dim=1).cpu(), alone[0].argmin(dim=1))
     assert torch.equal(means.argmin(dim=1).cpu(), alone[1].argmin(dim=1))
 
@@ -412,12 +415,12 @@ def test_reads_rowanz_jsonl_and_hf_parquet(tmp_path, examples):
     jsonl = tmp_path / "val.jsonl"
     jsonl.write_text(rowanz(examples))
     parquet = write_hf_parquet(tmp_path / "val.parquet", examples)
-    assert hellaswag.load_examples(jsonl) == examples
-    assert hellaswag.load_examples(str(parquet)) == examples
-    assert hellaswag.load_examples(parquet, limit=3) == examples[:3]
+    assert hellaswag_eval.load_examples(jsonl) == examples
+    assert hellaswag_eval.load_examples(str(parquet)) == examples
+    assert hellaswag_eval.load_examples(parquet, limit=3) == examples[:3]
     # a string label, as HF keeps it, is fine in a .jsonl too
     jsonl.write_text(json.dumps({**examples[0], "label": "2"}) + "\n")
-    assert hellaswag.load_examples(jsonl) == [{**examples[0], "label": 2}]
+    assert hellaswag_eval.load_examples(jsonl) == [{**examples[0], "label": 2}]
 
 
 def test_val_split_comes_from_an_offline_hub_cache(tmp_path, examples, monkeypatch):
@@ -426,8 +429,8 @@ def test_val_split_comes_from_an_offline_hub_cache(tmp_path, examples, monkeypat
     snapshot = hub_cache(tmp_path / "hub", write_hf_parquet(tmp_path / "hub.parquet", examples))
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     assert constants.HF_HUB_OFFLINE  # conftest's environment: no network
-    assert hellaswag.download_val() == str(snapshot)
-    assert hellaswag.load_examples() == examples
+    assert hellaswag_eval.download_val() == str(snapshot)
+    assert hellaswag_eval.load_examples() == examples
 
 
 # ----------------------------------------------------------------------------------------------
@@ -437,7 +440,7 @@ DDP_WORKER = """
 import json, sys
 sys.path[:0] = [{root!r}, {tests!r}]
 import torch
-import hellaswag
+import hellaswag_eval
 from fineweb import get_tokenizer
 from test_hellaswag import TinyLM
 
@@ -447,9 +450,9 @@ torch.distributed.init_process_group(
 )
 model = TinyLM()
 model.load_state_dict(torch.load({state!r}))
-examples = hellaswag.load_examples({data!r})
-prepared = hellaswag.prepare(examples, get_tokenizer(), model.config.block_size)
-result = hellaswag.evaluate(model, prepared, "cpu", rank=rank, world_size=2, batch_rows=8)
+examples = hellaswag_eval.load_examples({data!r})
+prepared = hellaswag_eval.prepare(examples, get_tokenizer(), model.config.block_size)
+result = hellaswag_eval.evaluate(model, prepared, "cpu", rank=rank, world_size=2, batch_rows=8)
 print(json.dumps([result, len(model.calls)]))
 torch.distributed.destroy_process_group()
 """
@@ -463,7 +466,7 @@ def test_ddp_two_ranks_give_the_single_process_result(tmp_path, examples, model,
     fields.update(state=str(tmp_path / "state.pt"), data=str(tmp_path / "val.jsonl"))
     worker.write_text(DDP_WORKER.format(**fields))
     ranks = [start([sys.executable, worker], [rank]) for rank in range(2)]
-    single = hellaswag.evaluate(model, prepared, "cpu", batch_rows=8)
+    single = hellaswag_eval.evaluate(model, prepared, "cpu", batch_rows=8)
     calls = []
     for proc in ranks:
         code, out, err = finish(proc)
@@ -498,7 +501,7 @@ def make_checkpoint(path, tokenizer="gpt2", block_size=64, nan=False):
         "step": 10,
         "tokenizer": {"tokenizer": tokenizer, "vocab": None if tokenizer == "gpt2" else "abc"},
     }
-    train_gpt2.save_checkpoint(path, ckpt)
+    harness.save_checkpoint(path, ckpt)
     return path
 
 
@@ -508,8 +511,8 @@ def test_cli_on_a_checkpoint_prints_evaluate_s_result(tmp_path, examples, capsys
     data = tmp_path / "val.jsonl"
     data.write_text(rowanz(examples))
     gpt, enc = train_gpt2.load_model(str(ckpt), "cpu")
-    prepared = hellaswag.prepare(examples[:10], enc, gpt.config.block_size)
-    expected = hellaswag.evaluate(gpt, prepared, "cpu")
+    prepared = hellaswag_eval.prepare(examples[:10], enc, gpt.config.block_size)
+    expected = hellaswag_eval.evaluate(gpt, prepared, "cpu")
     argv = ["--model", ckpt, "--data", data, "--limit", 10, "--device", "cpu"]
     hellaswag.main([str(a) for a in argv])
     line = f"acc {expected['acc']:.4f} acc_norm {expected['acc_norm']:.4f} over 10 examples\n"

@@ -9,6 +9,7 @@ import shlex
 import pytest
 from conftest import ROOT
 
+import harness
 import train_gpt2
 
 README = (ROOT / "README.md").read_text()
@@ -87,7 +88,7 @@ DOCUMENTED = [
     "world, args", DOCUMENTED, ids=[f"{w} x {' '.join(a)}" for w, a in DOCUMENTED]
 )
 def test_every_documented_command_starts_at_its_world_size(world, args):
-    cfg = train_gpt2.parse_args(args)
+    cfg = harness.parse_args(args, train_gpt2.TrainConfig, train_gpt2.PRESETS)
     assert train_gpt2.micro_steps(cfg, world) >= 1
 
 
@@ -100,7 +101,7 @@ def test_the_readmes_commands_in_order_never_start_two_runs_in_one_log_dir():
     # then the overfit check...); --resume auto continues one
     used = set()
     for world, args in launches(README):
-        cfg = train_gpt2.parse_args(args)
+        cfg = harness.parse_args(args, train_gpt2.TrainConfig, train_gpt2.PRESETS)
         if cfg.resume != "auto":
             assert cfg.log_dir not in used, f"{args} reuses {cfg.log_dir}"
         used.add(cfg.log_dir)

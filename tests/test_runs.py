@@ -34,6 +34,7 @@ from conftest import (
 )
 
 import fineweb
+import harness
 import plot
 import train_gpt2
 
@@ -58,20 +59,21 @@ import sys
 import time
 from pathlib import Path
 
+import harness
 import mymodule
 import train_gpt2
 
-make_data = train_gpt2.make_preset_data
+make_data = harness.make_preset_data
 
 
-def wait_for_the_edit(data_root):
+def wait_for_the_edit(data_root, preset_data):
     Path("started").touch()
     while not Path("edited").exists():
         time.sleep(0.01)
-    make_data(data_root)
+    make_data(data_root, preset_data)
 
 
-train_gpt2.make_preset_data = wait_for_the_edit
+harness.make_preset_data = wait_for_the_edit
 train_gpt2.main(sys.argv[1:])
 """
 
@@ -86,16 +88,17 @@ def test_a_run_keeps_the_code_it_read_at_its_start_of_every_module_it_imported(
 ):
     checkout = tmp_path / "checkout"
     checkout.mkdir()
-    for name in ("train_gpt2.py", "fineweb.py", "hellaswag.py", "plot.py"):
+    modules = ["train_gpt2.py", "harness.py", "fineweb.py", "hellaswag_eval.py", "plot.py"]
+    for name in modules:
         shutil.copy(ROOT / name, checkout)
     (checkout / "mymodule.py").write_text("SCALE = 1.0\n")
     (checkout / "driver.py").write_text(DRIVER)
     git(checkout, "init", "-q")
-    git(checkout, "add", "train_gpt2.py", "fineweb.py", "hellaswag.py", "plot.py")
+    git(checkout, "add", *modules)
     git(checkout, "commit", "-q", "-m", "baseline")
     # a user's git config that colours diffs, and an uncommitted edit before the launch
     git(checkout, "config", "color.ui", "always")
-    with open(checkout / "hellaswag.py", "a") as f:
+    with open(checkout / "hellaswag_eval.py", "a") as f:
         f.write("# an edit before the launch\n")
     original = {p.name: p.read_bytes() for p in checkout.glob("*.py")}
 
@@ -145,9 +148,10 @@ def test_the_code_read_is_the_checkouts_own_modules_by_their_real_paths(tmp_path
     (tmp_path / "other.py").write_text("D = 4\n")
     (checkout / "other.py").symlink_to(tmp_path / "other.py")
     (tmp_path / "linked").symlink_to(checkout / "mylib")
-    monkeypatch.setattr(train_gpt2, "__file__", str(checkout / "train_gpt2.py"))
+    monkeypatch.setattr(harness, "ROOT", checkout)
     monkeypatch.setattr(sys, "prefix", str(checkout / ".venv"))
     files = {
+        "the_trainer": checkout / "train_gpt2.py",
         "attn": checkout / "mylib" / "attn.py",
         "attn_through_the_link": tmp_path / "linked" / "attn.py",
         "dep": checkout / ".venv" / "lib" / "dep.py",
@@ -159,8 +163,8 @@ def test_the_code_read_is_the_checkouts_own_modules_by_their_real_paths(tmp_path
         module.__file__ = str(file)
         monkeypatch.setitem(sys.modules, name, module)
 
-    assert train_gpt2.read_code() == {"mylib/attn.py": b"A = 1\n", "train_gpt2.py": b"B = 2\n"}
-    assert list(train_gpt2.read_code(known={"train_gpt2.py"})) == ["mylib/attn.py"]
+    assert harness.read_code() == {"mylib/attn.py": b"A = 1\n", "train_gpt2.py": b"B = 2\n"}
+    assert list(harness.read_code(known={"train_gpt2.py"})) == ["mylib/attn.py"]
 
 
 def test_a_resume_under_other_code_goes_on_and_records_the_step(small_corpus, tmp_path):
@@ -170,7 +174,7 @@ def test_a_resume_under_other_code_goes_on_and_records_the_step(small_corpus, tm
     path = tmp_path / "model_00002.pt"
     ckpt = torch.load(path, weights_only=True)
     ckpt["code"]["train_gpt2.py"] = "code/train_gpt2-000000000000.py"
-    train_gpt2.save_checkpoint(path, ckpt)
+    harness.save_checkpoint(path, ckpt)
     result, lines = train(small_corpus, tmp_path, max_steps=4, ckpt_interval=2, resume="auto")
     assert not result["stopped"] and result["step"] == 4
     note = f"note: the code differs from {path}'s (train_gpt2.py): the run goes on"
@@ -238,7 +242,7 @@ def test_a_time_bounded_run_ends_with_its_cosine_finished(small_corpus, tmp_path
     assert decay == sorted(decay, reverse=True) and decay[0] > decay[-1]
     assert log["time"][last - 1] >= 0.5
     assert last in log["val"]
-    assert [s for s, _ in train_gpt2.find_checkpoints(tmp_path)] == [last]
+    assert [s for s, _ in harness.find_checkpoints(tmp_path)] == [last]
     again, _ = train(small_corpus, tmp_path, **budget, resume="auto")
     assert again["step"] == last and max(read_log(tmp_path)["train"]) == last - 1
     _, results = records(tmp_path)
@@ -257,7 +261,7 @@ def test_ranks_end_a_time_bounded_run_at_the_same_step(small_corpus, tmp_path):
     log = read_log(tmp_path)
     last = max(log["train"])
     assert log["lr"][last] == pytest.approx(3e-4, rel=1e-6)
-    assert [s for s, _ in train_gpt2.find_checkpoints(tmp_path)] == [last + 1]
+    assert [s for s, _ in harness.find_checkpoints(tmp_path)] == [last + 1]
 
 
 # -----------------------------------------------------------------------------
@@ -267,7 +271,8 @@ def test_ranks_end_a_time_bounded_run_at_the_same_step(small_corpus, tmp_path):
 def test_a_presets_first_run_makes_its_data_as_the_readme_command_does(tmp_path):
     # two runs of the quick start at once, from a fresh clone's directory: both go on, one
     # corpus is made, the same bytes as the documented fineweb.py command's
-    make = "import train_gpt2; train_gpt2.make_preset_data('data/shakespeare_char')"
+    make = "import harness, train_gpt2\n"
+    make += "harness.make_preset_data('data/shakespeare_char', train_gpt2.PRESET_DATA)"
     env = child_env(PYTHONPATH=str(ROOT))
     procs = [start([sys.executable, "-c", make], cwd=tmp_path, env=env) for _ in range(2)]
     for proc in procs:

@@ -19,6 +19,7 @@ from conftest import (
     tiny_config,
 )
 
+import harness
 import sample
 import train_gpt2
 
@@ -153,9 +154,9 @@ def inputs(checkpoint, tmp_path_factory):
     (root / "fifo_hf").mkdir()
     os.mkfifo(root / "fifo_hf" / "config.json")
     # a run that diverged: a NaN among its weights, in our checkpoint or a Hugging Face directory
-    ckpt = train_gpt2.load_checkpoint(checkpoint)
+    ckpt = harness.read_checkpoint(checkpoint)
     ckpt["model"]["transformer.h.0.attn.c_attn.weight"][1, 2] = math.nan
-    train_gpt2.save_checkpoint(root / "nan.pt", ckpt)
+    harness.save_checkpoint(root / "nan.pt", ckpt)
     hf = GPT2LMHeadModel(GPT2Config(n_positions=32, n_embd=8, n_layer=1, n_head=2))
     with torch.no_grad():
         hf.transformer.h[0].mlp.c_proj.weight[0, 0] = math.inf

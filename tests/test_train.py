@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from conftest import (
@@ -38,10 +39,14 @@ from conftest import (
 )
 
 import fineweb
+import harness
 import plot
 import train_gpt2
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+# the command line's config and presets (harness.parse_args)
+TRAIN_GPT2 = (train_gpt2.TrainConfig, train_gpt2.PRESETS)
 
 
 def checkpoint(log_dir, step):
@@ -158,7 +163,7 @@ def test_resume_auto_takes_the_newest_whole_checkpoint(small_corpus, tmp_path):
     (run / "model_00004.pt").write_bytes(bytes(data))
     torn = (run / "model_00008.pt").read_bytes()
     (run / "model_00008.pt").write_bytes(torn[: len(torn) // 2])
-    assert not train_gpt2.is_whole(run / "model_00004.pt")
+    assert not harness.is_whole(run / "model_00004.pt")
     result, lines = train(small_corpus, run, max_steps=12, ckpt_interval=4, resume="auto")
     warnings = [line for line in lines if line.startswith("warning: skipping")]
     assert len(warnings) == 2 and "model_00008.pt" in warnings[0]
@@ -180,14 +185,14 @@ def test_an_unreadable_checkpoint_stops_resume_auto_and_nothing_is_written(
     # it. The run stops before it writes anything, every file as it was.
     train(small_corpus, tmp_path, max_steps=12, ckpt_interval=4)
     before = file_bytes(tmp_path)
-    real_zip_file = train_gpt2.zipfile.ZipFile
+    real_zip_file = harness.zipfile.ZipFile
 
     def zip_file(path, *args, **kwargs):
         if Path(path).name == "model_00012.pt":
             raise OSError(errno, os.strerror(errno))
         return real_zip_file(path, *args, **kwargs)
 
-    monkeypatch.setattr(train_gpt2.zipfile, "ZipFile", zip_file)
+    monkeypatch.setattr(harness.zipfile, "ZipFile", zip_file)
     with pytest.raises(ValueError, match="cannot read checkpoint .*model_00012.pt"):
         train(small_corpus, tmp_path, max_steps=16, ckpt_interval=4, resume="auto")
     assert file_bytes(tmp_path) == before
@@ -215,7 +220,7 @@ def test_a_fifo_or_a_diverged_checkpoint_is_one_line_and_nothing_is_written(
     train(small_corpus, run, max_steps=4, ckpt_interval=4)
     ckpt = checkpoint(run, 4)
     ckpt["model"]["transformer.h.1.mlp.c_fc.weight"][3, 5] = math.nan
-    train_gpt2.save_checkpoint(tmp_path / "nan.pt", ckpt)
+    harness.save_checkpoint(tmp_path / "nan.pt", ckpt)
     os.mkfifo(tmp_path / "fifo.pt")
     os.mkfifo(run / "model_00012.pt")
     before = file_bytes(run)
@@ -355,7 +360,7 @@ def test_a_checkpoint_without_parameter_names_is_checked_by_their_number(
         for group in opt["param_groups"]:
             del group["param_names"]
     source = tmp_path / "old.pt"
-    train_gpt2.save_checkpoint(source, ckpt)
+    harness.save_checkpoint(source, ckpt)
     build = train_gpt2.GPT.__init__
 
     def edited(self, config):
@@ -496,7 +501,7 @@ def test_each_start_records_its_config_code_versions_and_device(small_corpus, tm
     assert runs[0]["device"] == "cpu" and runs[0]["versions"]["torch"] == torch.__version__
     # the source of every module of the checkout it imported, kept once for both starts
     assert runs[0]["code"] == runs[1]["code"]
-    for name in ("train_gpt2.py", "fineweb.py", "plot.py", "hellaswag.py"):
+    for name in ("train_gpt2.py", "harness.py", "fineweb.py", "plot.py", "hellaswag_eval.py"):
         assert (tmp_path / runs[0]["code"][name]).read_bytes() == (ROOT / name).read_bytes()
     if runs[0]["git"] is not None:  # a git checkout: its commit, and its diff if any
         assert len(runs[0]["git"]["commit"]) == 40
@@ -521,7 +526,7 @@ def test_keep_last_prunes_only_this_log_dirs_older_checkpoints(small_corpus, tmp
     train(small_corpus, tmp_path / "a", max_steps=4, ckpt_interval=2)
     source = tmp_path / "a" / "model_00002.pt"
     train(small_corpus, tmp_path / "b", max_steps=12, ckpt_interval=2, keep_last=2, resume=source)
-    assert [s for s, _ in train_gpt2.find_checkpoints(tmp_path / "b")] == [10, 12]
+    assert [s for s, _ in harness.find_checkpoints(tmp_path / "b")] == [10, 12]
     assert source.exists()
 
 
@@ -530,7 +535,7 @@ def poisoned_forward(monkeypatch, step, factor):
     # however many micro-steps a step has: the step in progress is the one after the last whose
     # train loss was reported
     done = {"steps": 0}
-    report = train_gpt2.Metrics.report
+    report = harness.Metrics.report
     forward = train_gpt2.GPT.forward
 
     def counting(self, step_reported, **values):
@@ -544,7 +549,7 @@ def poisoned_forward(monkeypatch, step, factor):
             loss = loss * factor
         return logits, loss
 
-    monkeypatch.setattr(train_gpt2.Metrics, "report", counting)
+    monkeypatch.setattr(harness.Metrics, "report", counting)
     monkeypatch.setattr(train_gpt2.GPT, "forward", poisoned)
 
 
@@ -582,7 +587,7 @@ def test_bits_per_byte_match_an_independent_count(small_corpus, tmp_path):
     manifest = json.loads((small_corpus / "manifest.json").read_text())
     enc = fineweb.tokenizer_from_manifest(manifest)
     val = [s for s in manifest["shards"] if s["split"] == "val"][0]
-    tokens = torch.from_numpy(train_gpt2.np.load(small_corpus / val["file"]).astype("int64"))
+    tokens = torch.from_numpy(np.load(small_corpus / val["file"]).astype("int64"))
     # the targets of val_tokens (128) from the start of the val split, as UTF-8
     text_bytes = len(enc.decode(tokens[1:129].tolist()).encode("utf-8"))
     # (log.txt keeps 6 significant digits)
@@ -617,10 +622,11 @@ def test_a_checkpoint_of_the_previous_version_still_gives_its_weights(small_corp
     # weights still load (sample.py, export_hf.py, --init_from), its resume is refused
     train(small_corpus, tmp_path / "a", max_steps=2)
     ckpt = checkpoint(tmp_path / "a", 2)
-    old = {key: ckpt[key] for key in ("model", "step", "tokenizer", "train_config")}
+    old = {key: ckpt[key] for key in ("model", "step", "train_config")}
+    old["tokenizer"] = ckpt["data"]["tokenizer"]
     old.update(model_config={**ckpt["model_config"], "bias": True}, data={"fingerprint": "x"})
     path = tmp_path / "old.pt"
-    train_gpt2.save_checkpoint(path, old)
+    harness.save_checkpoint(path, old)
     model, enc = train_gpt2.load_model(path)
     assert all(torch.equal(model.state_dict()[k], v) for k, v in ckpt["model"].items())
     with pytest.raises(ValueError, match="resume: "):
@@ -630,7 +636,7 @@ def test_a_checkpoint_of_the_previous_version_still_gives_its_weights(small_corp
 
 def test_a_metric_is_logged_to_6_digits_and_a_count_exactly(tmp_path):
     lines = []
-    metrics = train_gpt2.Metrics(tmp_path, 19073, 0, None, lines.append)
+    metrics = harness.Metrics(tmp_path, 19073, 0, None, lines.append)
     metrics.report(1233, val=3.14159265, tokens=646971392)
     assert lines == ["step  1233/19073 | val 3.14159 | tokens 646971392"]
     assert (tmp_path / "log.txt").read_text() == "1233 val 3.14159\n1233 tokens 646971392\n"
@@ -682,7 +688,7 @@ def stopped_with_a_checkpoint(log_dir, sig, proc):
     assert returncode == 0, err
     assert "Traceback" not in err
     last = max(read_log(log_dir)["train"])
-    assert [s for s, _ in train_gpt2.find_checkpoints(log_dir)] == [last + 1]
+    assert [s for s, _ in harness.find_checkpoints(log_dir)] == [last + 1]
     assert f"stopped at step {last + 1}" in out
     assert f"{sig}: the run stops at the end of this step" in out
     return shlex.split(out.split("to continue: ")[1].splitlines()[0])
@@ -716,15 +722,15 @@ def test_sigterm_ends_the_run_and_the_printed_command_continues_it(char_corpus, 
     proc.send_signal(signal.SIGTERM)
     command = stopped_with_a_checkpoint(log_dir, "SIGTERM", proc)
     assert command[2:] == args + ["--resume", "auto"]
-    stopped_at = train_gpt2.find_checkpoints(log_dir)[-1][0]
+    stopped_at = harness.find_checkpoints(log_dir)[-1][0]
     # continued, its own command names --resume once, with the same flags
-    assert train_gpt2.continue_command(command[2:]) == shlex.join(command)
+    assert harness.continue_command(command[2:], ROOT / "train_gpt2.py") == shlex.join(command)
     again = start("train_gpt2.py", command[2:])
     wait_for(lambda: len((log_dir / "runs.jsonl").read_text().splitlines()) == 2, again)
     wait_for(lambda: max(read_log(log_dir)["train"]) > stopped_at + 2, again)
     again.send_signal(signal.SIGTERM)
     assert finish(again)[0] == 0
-    assert train_gpt2.find_checkpoints(log_dir)[-1][0] > stopped_at
+    assert harness.find_checkpoints(log_dir)[-1][0] > stopped_at
 
 
 def test_stop_requests_at_any_moment_leave_whole_checkpoints(small_corpus, tmp_path):
@@ -743,8 +749,8 @@ def test_stop_requests_at_any_moment_leave_whole_checkpoints(small_corpus, tmp_p
         returncode, _, err = finish(proc)
         assert returncode in (0, -signal.SIGTERM), err
         assert "Traceback" not in err
-        for _, path in train_gpt2.find_checkpoints(log_dir):
-            assert train_gpt2.is_whole(path)
+        for _, path in harness.find_checkpoints(log_dir):
+            assert harness.is_whole(path)
         assert not list(log_dir.glob(".*.tmp*")), "a temporary file was left"
 
 
@@ -798,12 +804,12 @@ def test_sigterm_while_compiling_stops_after_the_step_and_the_resume_under_torch
     returncode, out, err = finish(proc, timeout=300)
     assert returncode == 0 and "Traceback" not in err, err[-3000:]
     assert "SIGTERM: stopped at step 1" in out
-    assert [s for s, _ in train_gpt2.find_checkpoints(log_dir)] == [1]
+    assert [s for s, _ in harness.find_checkpoints(log_dir)] == [1]
 
     flags = tiny_flags(small_corpus, log_dir, compile="true", max_steps=4, eval_interval=2)
     returncode, _, err = torchrun([ROOT / "train_gpt2.py", *flags, "--resume", "auto"], 1, env)
     assert returncode == 0, err[-3000:]
-    assert [s for s, _ in train_gpt2.find_checkpoints(log_dir)] == [1, 4]
+    assert [s for s, _ in harness.find_checkpoints(log_dir)] == [1, 4]
     train(small_corpus, tmp_path / "eager", max_steps=4, eval_interval=2)
     eager = read_log(tmp_path / "eager")
     compiled = read_log(log_dir)
@@ -867,7 +873,7 @@ def test_a_signal_to_every_process_of_a_torchrun_launch_ends_it_with_exit_0(smal
     returncode, out, err = finish(proc)
     assert returncode == 0, err[-3000:]
     last = max(read_log(tmp_path)["train"])
-    assert [s for s, _ in train_gpt2.find_checkpoints(tmp_path)] == [last + 1]
+    assert [s for s, _ in harness.find_checkpoints(tmp_path)] == [last + 1]
     assert "SIGUSR1: stopped at step" in out
 
 
@@ -989,11 +995,12 @@ def bad_files(tmp_path_factory, small_corpus):
     # a checkpoint of the version before the rewrite: its weights, no optimizers or loader
     train(small_corpus, tmp_path / "a", max_steps=1)
     ckpt = checkpoint(tmp_path / "a", 1)
-    old = {key: ckpt[key] for key in ("model", "model_config", "step", "tokenizer")}
-    train_gpt2.save_checkpoint(tmp_path / "old.pt", old)
+    old = {key: ckpt[key] for key in ("model", "model_config", "step")}
+    old["tokenizer"] = ckpt["data"]["tokenizer"]
+    harness.save_checkpoint(tmp_path / "old.pt", old)
     # a log_dir another run holds: its lock file names it
     busy = tmp_path / "busy"
-    lock, _ = train_gpt2.lock_log_dir(busy, print)
+    lock, _ = harness.lock_log_dir(busy, print)
     yield tmp_path
     lock.close()
 
@@ -1036,10 +1043,10 @@ def nanogpt_shards_past_the_vocabulary(root):
         if path.is_file():
             path.unlink()
     shutil.rmtree(root / ".fineweb", ignore_errors=True)
-    tokens = (train_gpt2.np.arange(4000) % 50000).astype("uint16")
-    train_gpt2.np.save(root / "edufineweb_val_000000.npy", tokens)
+    tokens = (np.arange(4000) % 50000).astype("uint16")
+    np.save(root / "edufineweb_val_000000.npy", tokens)
     tokens[1234] = 60000
-    train_gpt2.np.save(root / "edufineweb_train_000001.npy", tokens)
+    np.save(root / "edufineweb_train_000001.npy", tokens)
 
 
 BAD_DATA = [
@@ -1107,7 +1114,7 @@ def test_a_stop_during_the_val_pass_ends_it_early_with_a_checkpoint(
     assert "SIGTERM: the run stops at the end of this step, with a checkpoint" in lines
     assert not (tmp_path / "log.txt").exists() or "val" not in read_log(tmp_path)
     # (at step 0 there is nothing to save; the next start begins again)
-    assert train_gpt2.find_checkpoints(tmp_path) == []
+    assert harness.find_checkpoints(tmp_path) == []
 
 
 def test_a_stop_during_a_later_val_pass_checkpoints_that_step(small_corpus, tmp_path, monkeypatch):
@@ -1124,7 +1131,7 @@ def test_a_stop_during_a_later_val_pass_checkpoints_that_step(small_corpus, tmp_
     result, lines = train(small_corpus, tmp_path, max_steps=12, eval_interval=6, ckpt_interval=0)
     assert result["stopped"] and result["step"] == 6
     assert sorted(read_log(tmp_path)["val"]) == [0]
-    assert [s for s, _ in train_gpt2.find_checkpoints(tmp_path)] == [6]
+    assert [s for s, _ in harness.find_checkpoints(tmp_path)] == [6]
     assert f"saved {tmp_path / 'model_00006.pt'}" in lines
 
 
@@ -1150,10 +1157,10 @@ def test_mfu_is_logged_against_the_gpus_peak(small_corpus, tmp_path, monkeypatch
     }
     for name, peak in names.items():
         monkeypatch.setattr(torch.cuda, "get_device_name", lambda device, name=name: name)
-        assert train_gpt2.peak_flops("cuda:0") == peak, name
-    assert train_gpt2.peak_flops("cpu") is None
+        assert harness.peak_flops("cuda:0") == peak, name
+    assert harness.peak_flops("cpu") is None
     # the loop's MFU: the step's FLOPs over its time and the peak (here a made-up CPU peak)
-    monkeypatch.setattr(train_gpt2, "peak_flops", lambda device: 1e12)
+    monkeypatch.setattr(harness, "peak_flops", lambda device: 1e12)
     train(small_corpus, tmp_path, max_steps=3)
     log = read_log(tmp_path)
     config = train_gpt2.GPTConfig(**checkpoint(tmp_path, 3)["model_config"])
@@ -1179,9 +1186,12 @@ def test_a_forks_new_field_without_a_comment_is_a_flag(tmp_path, capsys, monkeyp
     fork = tmp_path / "my_train.py"
     fork.write_text(source.replace(anchor, "    my_scale: float = 0.5\n" + anchor, 1))
     my_train = import_fork(fork, monkeypatch)
-    assert my_train.parse_args(["--my_scale", "2"]).my_scale == 2.0
+    assert (
+        harness.parse_args(["--my_scale", "2"], my_train.TrainConfig, my_train.PRESETS).my_scale
+        == 2.0
+    )
     with pytest.raises(SystemExit) as exit:
-        my_train.parse_args(["--help"])
+        harness.parse_args(["--help"], my_train.TrainConfig, my_train.PRESETS)
     assert exit.value.code == 0 and "--my_scale" in capsys.readouterr().out
 
 
@@ -1202,10 +1212,10 @@ def test_a_forks_field_that_ruff_wraps_keeps_its_comment_as_help(tmp_path, capsy
     proc = run_program([sys.executable, "-m", "ruff", "format", *config, fork], [])
     assert proc.returncode == 0, proc.stderr
     assert f"    ema_decay: float = (\n        0.999  # {ema}\n    )\n" in fork.read_text()
-    # the fork, imported in this process: its parse_args reads its own source
+    # the fork, imported in this process: its --help reads its own source
     my_train = import_fork(fork, monkeypatch)
     with pytest.raises(SystemExit) as exit:
-        my_train.parse_args(["--help"])
+        harness.parse_args(["--help"], my_train.TrainConfig, my_train.PRESETS)
     assert exit.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
     assert f"--ema_decay EMA_DECAY {ema} (default: 0.999)" in text
@@ -1231,13 +1241,14 @@ def test_a_model_field_added_in_one_place_reaches_the_model_and_its_checkpoints(
     fork.write_text(source.replace(use, "config.mlp_ratio * config.n_embd"))
     my_train = import_fork(fork, monkeypatch)
     argv = tiny_flags(small_corpus, tmp_path / "run", max_steps=2) + ["--mlp_ratio", "2"]
-    my_train.train(my_train.parse_args(argv), log=lambda line: None)
+    cfg = harness.parse_args(argv, my_train.TrainConfig, my_train.PRESETS)
+    my_train.train(cfg, log=lambda line: None)
     model, _ = my_train.load_model(tmp_path / "run" / "model_00002.pt")
     assert model.config.mlp_ratio == 2 and model.transformer.h[0].mlp.c_fc.out_features == 64
     resume = tiny_flags(small_corpus, tmp_path / "before", max_steps=4, resume="auto")
     code, err = run_main(my_train.main, resume + ["--mlp_ratio", "2"], capsys)
     refusal = "resume: its model's mlp_ratio is 4, this one's 2 (a new run from its weights"
-    one_line_error(code, err, "train_gpt2.py", refusal)
+    one_line_error(code, err, "my_train.py", refusal)
 
 
 def test_a_closed_stdout_ends_the_printing_not_the_run(small_corpus, tmp_path):
@@ -1252,7 +1263,7 @@ def test_a_closed_stdout_ends_the_printing_not_the_run(small_corpus, tmp_path):
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err.decode()[-2000:]
     assert err == b""
-    assert [s for s, _ in train_gpt2.find_checkpoints(tmp_path)] == [6, 8]
+    assert [s for s, _ in harness.find_checkpoints(tmp_path)] == [6, 8]
 
 
 def test_help_lists_every_flag_and_says_what_auto_means_here(capsys):
@@ -1267,5 +1278,5 @@ def test_help_lists_every_flag_and_says_what_auto_means_here(capsys):
 
 @pytest.mark.parametrize("preset", sorted(train_gpt2.PRESETS))
 def test_every_preset_is_a_valid_run(preset):
-    cfg = train_gpt2.parse_args(["--preset", preset, "--max_steps", "7"])
+    cfg = harness.parse_args(["--preset", preset, "--max_steps", "7"], *TRAIN_GPT2)
     assert cfg.max_steps == 7 and cfg.total_batch_size % (cfg.batch_size * cfg.seq_len) == 0
