@@ -31,6 +31,12 @@ command continues with the first unfinished one, and ends with the bytes of a ru
 stopped. A rerun first checks every shard already written (size, sha256) and tokenises a file
 whose shards changed again. Other settings on the same --out_dir are refused. --overwrite builds
 the new corpus beside the old one (.fineweb/staging/) and swaps it in once it is complete.
+
+Read top to bottom, the pipeline comes first, what a data researcher changes: the tokenizers, the
+sources, their documents, the tokens of a document, the shards, and the run that ties them. The
+machinery below it (slices, worker processes, done-records and manifest, atomic writes and locks,
+the checks train_gpt2.py makes of a corpus) needs no change for another source, tokenizer or
+shard layout.
 """
 
 import argparse
@@ -168,8 +174,503 @@ def token_byte_lengths(enc):
 
 
 # -----------------------------------------------------------------------------
-# Slices: a file cut into parts that workers read on their own. A slice is (path, start, stop):
-# bytes of a .txt or .jsonl file, cut where a document or a line starts; rows of a .parquet file.
+# Sources: a dataset's files on the hub, or local ones
+
+
+# the dataset's files that match pattern, sorted: as the hub lists them, or offline
+# (HF_HUB_OFFLINE=1) those downloaded already (into the hub cache, or download_dir)
+def hub_files(repo, pattern, download_dir):
+    from huggingface_hub import HfApi, constants, snapshot_download
+    from huggingface_hub.utils import logging
+
+    logging.set_verbosity_error()  # not a warning per file offline
+    if constants.HF_HUB_OFFLINE:
+        root = snapshot_download(
+            repo, repo_type="dataset", allow_patterns=pattern, local_dir=download_dir
+        )
+        names = [p.relative_to(root).as_posix() for p in Path(root).rglob("*")]
+    else:
+        names = HfApi().list_repo_files(repo, repo_type="dataset")
+    names = [n for n in fnmatch.filter(names, pattern) if n[0] != "."]
+    if not names:
+        raise CorpusError(f"no files of {repo} match {pattern!r}")
+    return sorted(names)
+
+
+# the absolute paths of --local's files, refused before any work when one is of a kind we
+# cannot read, missing, or not a regular file (a FIFO, a device)
+def check_local(paths):
+    for path in paths:
+        if Path(path).suffix.lower() not in (".txt", ".jsonl", ".parquet") or file_problem(path):
+            raise CorpusError(f"{path}: no such .txt, .jsonl or .parquet file")
+    return [os.path.abspath(path) for path in paths]
+
+
+# -----------------------------------------------------------------------------
+# Documents: a slice of a file (.txt, .jsonl or .parquet) as its texts
+
+
+# Documents separated by two or more blank lines (whitespace only): a line of text after two
+# blank ones starts a document. Each document stripped.
+def txt_documents(text):
+    lines = text.split("\n")
+    docs = []
+    first = 0  # the current document's first line
+    blank = 0  # blank lines just before line i
+    for i, line in enumerate(lines):
+        if line.strip() and blank >= 2:
+            docs.append("\n".join(lines[first:i]).strip())
+            first = i
+        blank = 0 if line.strip() else blank + 1
+    docs.append("\n".join(lines[first:]).strip())
+    return docs
+
+
+# the text field of each JSON object, one a line (blank lines allowed); a bad line is named by
+# its number in the file
+def jsonl_documents(path, text, start, text_field):
+    docs = []
+    for number, line in enumerate(text.split("\n")):
+        if not line.strip():
+            continue
+        try:
+            docs.append(json.loads(line)[text_field])
+        except (ValueError, KeyError, TypeError, IndexError) as e:
+            lineno = lines_before(path, start) + number + 1
+            raise CorpusError(
+                f"{path}:{lineno}: not a JSON object with a "
+                f"{text_field!r} field ({type(e).__name__}: {e}); "
+                "mend the line, or pick the field with --text_field"
+            ) from None
+    return docs
+
+
+# the text column of rows [start, stop) of a .parquet file, read in record batches
+def parquet_documents(path, start, stop, text_field):
+    import pyarrow.parquet as pq
+
+    with open_file(path) as f:
+        table = pq.ParquetFile(f)
+        sizes = [table.metadata.row_group(i).num_rows for i in range(table.num_row_groups)]
+        firsts = np.cumsum([0] + sizes)  # each group's first row, and the file's end
+        groups = [i for i in range(len(sizes)) if firsts[i] < stop and firsts[i + 1] > start]
+        row = firsts[groups[0]] if groups else start  # the first row of the batch read
+        docs = []
+        batches = table.iter_batches(
+            batch_size=1024, row_groups=groups, columns=[text_field], use_threads=False
+        )
+        for batch in batches:
+            lo = max(start - row, 0)
+            hi = min(stop - row, batch.num_rows)
+            if hi > lo:
+                docs += batch.column(0).slice(lo, hi - lo).to_pylist()
+            row += batch.num_rows
+            if row >= stop:
+                break
+    return docs
+
+
+# A slice's documents, in order; those without visible text (or not text: null, a number) are
+# left out.
+def read_slice(path, start, stop, text_field):
+    suffix = Path(path).suffix.lower()
+    try:
+        if suffix == ".parquet":
+            docs = parquet_documents(path, start, stop, text_field)
+        elif suffix == ".txt":
+            docs = txt_documents(read_text(path, start, stop))
+        else:
+            docs = jsonl_documents(path, read_text(path, start, stop), start, text_field)
+    except (ValueError, OSError) as e:  # not Parquet, unreadable
+        raise CorpusError(f"{path}: {type(e).__name__}: {e}") from None
+    return [doc for doc in docs if isinstance(doc, str) and doc.strip()]
+
+
+# a file's documents, in order (its slices read one after another, here)
+def read_documents(path, text_field="text"):
+    for _, start, stop in plan_slices(path, text_field):
+        yield from read_slice(path, start, stop, text_field)
+
+
+# -----------------------------------------------------------------------------
+# Tokens: a document's ids; the char vocabulary
+
+
+# GPT-2: [<|endoftext|>] + the document's tokens (build-nanogpt's); char: the document's characters,
+# then a blank line's
+def encode_document(vocab, doc):
+    enc = make_tokenizer(vocab)
+    if vocab is None:
+        return np.array([enc.eot_token] + enc.encode_ordinary(doc), dtype=np.uint16)
+    return np.array(enc.encode(doc + "\n\n"), dtype=np.uint16)
+
+
+# A slice's tokens (uint16) and each of its documents' token counts (int64), in a worker. One
+# document at a time on the worker's main thread: tiktoken there runs faster than in
+# encode_ordinary_batch's threads, and processes already use every core (docs/benchmarks.md).
+def encode_slice(path, start, stop, text_field, vocab):
+    docs = read_slice(path, start, stop, text_field)
+    arrays = [encode_document(vocab, doc) for doc in docs]
+    lengths = np.array([len(a) for a in arrays], dtype=np.int64)
+    return np.concatenate([np.empty(0, dtype=np.uint16)] + arrays), lengths
+
+
+# a slice's distinct characters, sorted, in a worker
+def slice_chars(path, start, stop, text_field):
+    return "".join(sorted(set("".join(read_slice(path, start, stop, text_field)))))
+
+
+# the char vocabulary: the sorted distinct characters of the files' documents and of the blank line
+# that ends each document
+def char_vocab(pool, paths, text_field, stop):
+    jobs = (job + (text_field,) for path in paths for job in plan_slices(path, text_field))
+    chars = set("\n")
+    for found in in_order(pool, slice_chars, jobs, stop):
+        chars.update(found)
+    if len(chars) > 2**16:
+        raise CorpusError(
+            f"the corpus has {len(chars):,} distinct characters, more than "
+            "the 65,536 ids of a uint16 shard; use --tokenizer gpt2"
+        )
+    return "".join(sorted(chars))
+
+
+# -----------------------------------------------------------------------------
+# Shards: the tokens of a file in parts of --shard_size, the first part of the first file val
+
+
+# np.save's header of a 1-D uint16 array of n tokens: a shard's first bytes
+def npy_header(n):
+    header = io.BytesIO()
+    fields = {"descr": "<u2", "fortran_order": False, "shape": (n,)}
+    np.lib.format.write_array_header_1_0(header, fields)
+    return header.getvalue()
+
+
+# (file name, split) of part `part` of file `index`: the first part of the first file is val
+def shard_name(prefix, index, part):
+    split = "val" if index == part == 0 else "train"
+    return f"{prefix}_{split}_{index:04d}_{part:04d}.npy", split
+
+
+# how many of the n tokens of a first file that fits in one shard are val: about 10%, at the
+# document start nearest to 10% if one lies between 5% and 20%, else mid-document (1 token at least)
+def small_val_size(n, starts):
+    if n < 2:
+        raise CorpusError("the first file holds no documents; val and train need some")
+    target = min(max(round(n / 10), 1), n - 1)
+    near = [s for s in starts if max(-(-n // 20), 1) <= s <= min(n // 5, n - 1)]
+    return min(near, key=lambda s: abs(s - target), default=target)
+
+
+# the first n tokens of the arrays `parts`, and the rest (views: nothing copied)
+def split_parts(parts, n):
+    head = []
+    for i, part in enumerate(parts):
+        if len(part) >= n:
+            return head + [part[:n]], [part[n:]] + parts[i + 1 :]
+        head.append(part)
+        n -= len(part)
+    return head, []
+
+
+# The next part of file `index`, added to its shard entries: the bytes np.save writes for the
+# tokens of `parts`, concatenated (its header, then the tokens), written straight from the
+# parts, and their sha256.
+def save_shard(target, prefix, index, shards, parts):
+    name, split = shard_name(prefix, index, len(shards))
+    path = target / name
+    tokens = sum(len(part) for part in parts)
+    digest = hashlib.sha256(npy_header(tokens))
+    for part in parts:
+        digest.update(part.data)
+
+    def write(f):
+        f.write(npy_header(tokens))
+        for part in parts:
+            f.write(part.data)
+
+    write_atomic(path, write)
+    shards.append(
+        {
+            "file": path.name,
+            "split": split,
+            "tokens": tokens,
+            "sha256": digest.hexdigest(),
+            "bytes": path.stat().st_size,
+        }
+    )
+
+
+# build-nanogpt's packing, per file: parts of size tokens, the last one the remainder (a document
+# may span parts); returns their entries. results: each slice's tokens and its documents' token
+# counts, in order.
+def write_shards(target, index, results, settings):
+    size = settings["shard_size"]
+    pending = []  # token arrays not in a shard yet
+    count = 0
+    lengths = []  # documents' token counts, while the first file may fit in one shard
+    shards = []
+    for tokens, doc_lengths in results:
+        pending.append(tokens)
+        count += len(tokens)
+        if index == 0 and not shards:
+            lengths.append(doc_lengths)
+        # a full shard is written once there are more tokens
+        while count > size:
+            parts, pending = split_parts(pending, size)
+            save_shard(target, settings["prefix"], index, shards, parts)
+            count -= size
+    # a first file that fits in one shard: pending holds its documents
+    starts = np.cumsum(np.concatenate([[0]] + lengths)).tolist()
+    cut = small_val_size(count, starts) if index == 0 and not shards else 0
+    for parts in split_parts(pending, cut):
+        if sum(len(part) for part in parts):
+            save_shard(target, settings["prefix"], index, shards, parts)
+    return shards
+
+
+# -----------------------------------------------------------------------------
+# The run: each file not done yet tokenised in turn, then the manifest
+
+
+# tokenise each file not done yet into target, then write its done-record; last, the manifest
+def build(pool, args, target, settings, stop):
+    from huggingface_hub import hf_hub_download
+
+    for index, source in enumerate(settings["sources"]):
+        record_file = target / ".fineweb" / f"{index:04d}.done.json"
+        if record_file.exists():
+            continue
+        # a hub file: downloaded, or found in the cache or download_dir (offline); a stop
+        # signal during the download ends it at once
+        path = source
+        if not args.local:
+            with stop.at_once():
+                path = hf_hub_download(
+                    args.repo, source, repo_type="dataset", local_dir=args.download_dir
+                )
+        info = os.stat(path)
+        desc = f"{index + 1}/{len(settings['sources'])} {Path(source).name}"
+        shards = tokenize_file(pool, path, target, index, settings, desc, stop)
+        record = {
+            "source": source,
+            "size": info.st_size,
+            "mtime_ns": None if args.local is None else info.st_mtime_ns,
+            "settings": settings,
+            "shards": shards,
+        }
+        write_atomic(record_file, lambda f: f.write(json.dumps(record, indent=1).encode()))
+        say(f"{desc}: {sum(s['tokens'] for s in shards):,} tokens")
+        if args.free and not args.local:
+            free_download(path, args.repo, args.download_dir)
+    write_manifest(target, settings)
+
+
+# path's documents into target's shards, by the pool's workers, in order
+def tokenize_file(pool, path, target, index, settings, desc, stop):
+    from tqdm import tqdm
+
+    text_field = settings["text_field"]
+    jobs = (job + (text_field, settings["vocab"]) for job in plan_slices(path, text_field))
+    results = in_order(pool, encode_slice, jobs, stop)
+    with tqdm(desc=desc, unit="tok", unit_scale=True, disable=None) as progress:
+        return write_shards(target, index, counted(results, progress), settings)
+
+
+# the results, each one's tokens counted on the progress bar
+def counted(results, progress):
+    for tokens, lengths in results:
+        progress.update(len(tokens))
+        yield tokens, lengths
+
+
+# --free: the hub's copy of a file done, deleted: the file in --download_dir, or the hub cache's
+# link and the blob it points to in the cache. A link to a file elsewhere (the user's) loses the
+# link only.
+def free_download(path, repo, download_dir):
+    from huggingface_hub import constants
+    from huggingface_hub.file_download import repo_folder_name
+
+    blob = Path(os.path.realpath(path))
+    os.remove(path)
+    folder = repo_folder_name(repo_id=repo, repo_type="dataset")
+    blobs = Path(os.path.realpath(os.path.join(constants.HF_HUB_CACHE, folder, "blobs")))
+    if download_dir is None and blob.parent == blobs:
+        os.remove(blob)
+
+
+# the sources and settings, then under out_dir's lock: finish a swap
+# cut short, refuse what the settings would not make, check what is
+# done, build, swap in; state tells main where the files go and how many there are
+def run(args, pool, state, stop, wait):
+    out_dir = Path(
+        args.out_dir or (f"data/{Path(args.local[0]).stem}" if args.local else "edu_fineweb10B")
+    )
+    # a manifest.json fineweb.py did not write (it writes .fineweb/ first) is the user's
+    if os.path.lexists(out_dir / MANIFEST) and not (out_dir / ".fineweb").is_dir():
+        raise CorpusError(
+            f"{out_dir} holds files that are not fineweb.py's ({MANIFEST}); pick another --out_dir"
+        )
+    if args.local:
+        sources = check_local(args.local)
+    else:
+        with stop.at_once():
+            sources = hub_files(args.repo, args.files, args.download_dir)
+    state["files"] = len(sources)
+    # GPT-2's tokenizer is built here, before the first job starts a worker: they share it
+    if args.tokenizer == "gpt2":
+        get_tokenizer()
+    vocab = None
+    if args.tokenizer == "char":
+        vocab = char_vocab(pool, sources, args.text_field, stop)
+    # the dataset recorded: FineWeb-Edu, another repo's id, or local
+    name = "fineweb-edu" if args.repo == "HuggingFaceFW/fineweb-edu" else args.repo
+    settings = {
+        "tokenizer": args.tokenizer,
+        "vocab": vocab,
+        "dataset": args.dataset_name or ("local" if args.local else name),
+        "repo": None if args.local else args.repo,
+        "prefix": args.prefix,
+        "shard_size": args.shard_size,
+        "text_field": args.text_field,
+        "sources": sources,
+    }
+    staging = out_dir / ".fineweb" / "staging"
+    with locked(out_dir, wait, stop):
+        new, problem = read_manifest(staging)
+        if not problem:  # an --overwrite stopped while swapping
+            swap_in(out_dir, staging, new)
+        state["target"] = staging if args.overwrite else out_dir
+        problem = check_corpus(state["target"], settings)
+        if problem and not args.overwrite:
+            raise CorpusError(f"{problem}; use --overwrite to rebuild, or another --out_dir")
+        if problem:  # an earlier --overwrite's, with other settings
+            shutil.rmtree(staging)
+        if state["target"].is_dir():
+            repair(pool, state["target"], settings, stop)
+        _, problem = read_manifest(out_dir)
+        done = not problem and not args.overwrite
+        if not done:
+            build(pool, args, state["target"], settings, stop)
+        if args.overwrite:
+            swap_in(out_dir, staging, read_manifest(staging)[0])
+        manifest, _ = read_manifest(out_dir)
+    say(
+        f"{out_dir}: {'finished already, its shards verified' if done else 'done'} "
+        f"({manifest['tokens']:,} tokens, {len(manifest['shards'])} shards)"
+    )
+    return manifest
+
+
+def main(argv=None, wait=False):
+    """The command line; returns the manifest of the corpus made. A bad input, a stop signal or
+    a failure ends it by SystemExit with its one line (the signal handlers it took given back,
+    its workers ended). wait: when another fineweb.py run holds --out_dir, wait for it (as
+    train_gpt2.py does, making a preset's corpus) instead of refusing."""
+    args = parse_args(argv)
+    state = {"target": None, "files": 0}
+    # a stop signal ignored at start (as nohup's SIGHUP) stays ignored; the old handlers come back
+    # after
+    stop = Stop()
+    old = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    for sig in [sig for sig in STOP_SIGNALS if old[sig] != signal.SIG_IGN]:
+        signal.signal(sig, stop.handle)
+    pool = Pool(args.workers)
+    try:
+        return run(args, pool, state, stop, wait)
+    except KeyboardInterrupt as e:
+        sys.exit(
+            f"fineweb.py: stopped ({e}); {files_done(state)}; run the same command to continue"
+        )
+    except WorkerDied:
+        sys.exit(
+            "fineweb.py: error: a worker died (killed, or out of memory?); "
+            f"{files_done(state)}: run the same command to continue"
+        )
+    except Exception as e:
+        # an OSError names its file (write_atomic's, a full disk's)
+        reason = e if isinstance(e, (CorpusError, OSError)) else f"{type(e).__name__}: {e}"
+        sys.exit(f"fineweb.py: error: {str(reason).splitlines()[0]}")
+    finally:
+        pool.close()
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, old[sig])
+
+
+# "N of M files done and kept", for the line a stopped or failed run ends with
+def files_done(state):
+    done = len(read_records(state["target"])[0]) if state["target"] else 0
+    return f"{done} of {state['files']} files done and kept"
+
+
+# the CPUs this process may run on (its affinity: what a scheduler or taskset gave it)
+def usable_cpus():
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+# (flag, argparse's options)
+FLAGS = [
+    ("--local", dict(nargs="+", metavar="FILE", help=".txt/.jsonl/.parquet files, in order")),
+    ("--repo", dict(default="HuggingFaceFW/fineweb-edu", help="else: hub dataset (%(default)s)")),
+    ("--files", dict(default="sample/10BT/*.parquet", help="its files (%(default)s)")),
+    ("--download_dir", dict(help="downloads go there (default: the hub cache)")),
+    ("--free", dict(action="store_true", help="delete each download once it is done")),
+    ("--dataset_name", dict(help="as recorded (default: fineweb-edu, the repo, local)")),
+    ("--text_field", dict(default="text", help="of .jsonl/.parquet (%(default)s)")),
+    ("--tokenizer", dict(choices=("gpt2", "char"), default="gpt2", help="char: --local only")),
+    ("--out_dir", dict(help="default: edu_fineweb10B, or data/{first file's stem}")),
+    ("--prefix", dict(default="edufineweb", help="of shard names (%(default)s)")),
+    ("--shard_size", dict(type=int, default=10**8, help="tokens (%(default)s)")),
+    ("--workers", dict(type=int, default=usable_cpus(), help="processes (%(default)s)")),
+    ("--overwrite", dict(action="store_true", help="rebuild beside, then swap in")),
+]
+
+
+# the flags, checked: a bad one is argparse's one line (exit status 2)
+def parse_args(argv):
+    parser = argparse.ArgumentParser(
+        prog="fineweb.py",
+        usage=argparse.SUPPRESS,
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
+    for flag, options in FLAGS:
+        parser.add_argument(flag, **options)
+    args = parser.parse_args(argv)
+    if args.tokenizer == "char" and args.local is None:
+        parser.error("--tokenizer char needs --local files (for its vocabulary)")
+    # the prefix starts every shard's name in --out_dir: a name, never a path out of it
+    if not re.fullmatch(r"[\w.-]{1,100}", args.prefix):
+        parser.error(
+            f"--prefix {args.prefix!r} must be a plain name (up to 100 letters, digits, "
+            "'.', '_' or '-'), not a path: shards go in --out_dir"
+        )
+    # counts a typo cannot take past what the machine holds
+    if not 1 <= args.shard_size <= SHARD_SIZE_MAX:
+        parser.error(
+            f"--shard_size {args.shard_size:,} must be between 1 and {SHARD_SIZE_MAX:,} tokens: "
+            "a shard's tokens are held in memory until it is written (2 bytes each)"
+        )
+    if not 1 <= args.workers <= usable_cpus():
+        parser.error(
+            f"--workers {args.workers:,} must be between 1 and {usable_cpus()}, the CPUs this "
+            "process may use: more workers would only wait for them"
+        )
+    return args
+
+
+# =============================================================================
+# The machinery below keeps a run resumable, its output checked and its files whole: the pipeline
+# above calls it, and a change of source, tokenizer or shard layout needs none of it.
+# =============================================================================
+
+
+# -----------------------------------------------------------------------------
+# Slices: a file cut where a document or a line starts (bytes), or between row groups (rows)
 
 
 # where the line after the one holding `offset` starts (the file's size if none)
@@ -287,117 +788,6 @@ def read_text(path, start, stop):
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
-# Documents separated by two or more blank lines (whitespace only): a line of text after two
-# blank ones starts a document. Each document stripped.
-def txt_documents(text):
-    lines = text.split("\n")
-    docs = []
-    first = 0  # the current document's first line
-    blank = 0  # blank lines just before line i
-    for i, line in enumerate(lines):
-        if line.strip() and blank >= 2:
-            docs.append("\n".join(lines[first:i]).strip())
-            first = i
-        blank = 0 if line.strip() else blank + 1
-    docs.append("\n".join(lines[first:]).strip())
-    return docs
-
-
-# the text field of each JSON object, one a line (blank lines allowed); a bad line is named by
-# its number in the file
-def jsonl_documents(path, text, start, text_field):
-    docs = []
-    for number, line in enumerate(text.split("\n")):
-        if not line.strip():
-            continue
-        try:
-            docs.append(json.loads(line)[text_field])
-        except (ValueError, KeyError, TypeError, IndexError) as e:
-            lineno = lines_before(path, start) + number + 1
-            raise CorpusError(
-                f"{path}:{lineno}: not a JSON object with a "
-                f"{text_field!r} field ({type(e).__name__}: {e}); "
-                "mend the line, or pick the field with --text_field"
-            ) from None
-    return docs
-
-
-# the text column of rows [start, stop) of a .parquet file, read in record batches
-def parquet_documents(path, start, stop, text_field):
-    import pyarrow.parquet as pq
-
-    with open_file(path) as f:
-        table = pq.ParquetFile(f)
-        sizes = [table.metadata.row_group(i).num_rows for i in range(table.num_row_groups)]
-        firsts = np.cumsum([0] + sizes)  # each group's first row, and the file's end
-        groups = [i for i in range(len(sizes)) if firsts[i] < stop and firsts[i + 1] > start]
-        row = firsts[groups[0]] if groups else start  # the first row of the batch read
-        docs = []
-        batches = table.iter_batches(
-            batch_size=1024, row_groups=groups, columns=[text_field], use_threads=False
-        )
-        for batch in batches:
-            lo = max(start - row, 0)
-            hi = min(stop - row, batch.num_rows)
-            if hi > lo:
-                docs += batch.column(0).slice(lo, hi - lo).to_pylist()
-            row += batch.num_rows
-            if row >= stop:
-                break
-    return docs
-
-
-# A slice's documents, in order; those without visible text (or not text: null, a number) are
-# left out.
-def read_slice(path, start, stop, text_field):
-    suffix = Path(path).suffix.lower()
-    try:
-        if suffix == ".parquet":
-            docs = parquet_documents(path, start, stop, text_field)
-        elif suffix == ".txt":
-            docs = txt_documents(read_text(path, start, stop))
-        else:
-            docs = jsonl_documents(path, read_text(path, start, stop), start, text_field)
-    except (ValueError, OSError) as e:  # not Parquet, unreadable
-        raise CorpusError(f"{path}: {type(e).__name__}: {e}") from None
-    return [doc for doc in docs if isinstance(doc, str) and doc.strip()]
-
-
-# a file's documents, in order (its slices read one after another, here)
-def read_documents(path, text_field="text"):
-    for _, start, stop in plan_slices(path, text_field):
-        yield from read_slice(path, start, stop, text_field)
-
-
-# the absolute paths of --local's files, refused before any work when one is of a kind we
-# cannot read, missing, or not a regular file (a FIFO, a device)
-def check_local(paths):
-    for path in paths:
-        if Path(path).suffix.lower() not in (".txt", ".jsonl", ".parquet") or file_problem(path):
-            raise CorpusError(f"{path}: no such .txt, .jsonl or .parquet file")
-    return [os.path.abspath(path) for path in paths]
-
-
-# the dataset's files that match pattern, sorted: as the hub lists them, or offline
-# (HF_HUB_OFFLINE=1) those downloaded already (into the hub cache, or download_dir)
-def hub_files(repo, pattern, download_dir):
-    from huggingface_hub import HfApi, constants, snapshot_download
-    from huggingface_hub.utils import logging
-
-    logging.set_verbosity_error()  # not a warning per file offline
-    if constants.HF_HUB_OFFLINE:
-        root = snapshot_download(
-            repo, repo_type="dataset", allow_patterns=pattern, local_dir=download_dir
-        )
-        names = [p.relative_to(root).as_posix() for p in Path(root).rglob("*")]
-    else:
-        names = HfApi().list_repo_files(repo, repo_type="dataset")
-    names = [n for n in fnmatch.filter(names, pattern) if n[0] != "."]
-    if not names:
-        raise CorpusError(f"no files of {repo} match {pattern!r}")
-    return sorted(names)
-
-
 # -----------------------------------------------------------------------------
 # The workers: each reads its slices itself and sends back small arrays
 
@@ -474,30 +864,6 @@ def work(pipe, parent):
         pipe.send(answer)
 
 
-# GPT-2: [<|endoftext|>] + the document's tokens (build-nanogpt's); char: the document's characters,
-# then a blank line's
-def encode_document(vocab, doc):
-    enc = make_tokenizer(vocab)
-    if vocab is None:
-        return np.array([enc.eot_token] + enc.encode_ordinary(doc), dtype=np.uint16)
-    return np.array(enc.encode(doc + "\n\n"), dtype=np.uint16)
-
-
-# A slice's tokens (uint16) and each of its documents' token counts (int64), in a worker. One
-# document at a time on the worker's main thread: tiktoken there runs faster than in
-# encode_ordinary_batch's threads, and processes already use every core (docs/benchmarks.md).
-def encode_slice(path, start, stop, text_field, vocab):
-    docs = read_slice(path, start, stop, text_field)
-    arrays = [encode_document(vocab, doc) for doc in docs]
-    lengths = np.array([len(a) for a in arrays], dtype=np.int64)
-    return np.concatenate([np.empty(0, dtype=np.uint16)] + arrays), lengths
-
-
-# a slice's distinct characters, sorted, in a worker
-def slice_chars(path, start, stop, text_field):
-    return "".join(sorted(set("".join(read_slice(path, start, stop, text_field)))))
-
-
 # fn(*job) of each job by the pool's workers, results in order: SLICES_AHEAD a worker submitted
 # beyond the one awaited
 def in_order(pool, fn, jobs, stop):
@@ -514,203 +880,8 @@ def in_order(pool, fn, jobs, stop):
         yield result
 
 
-# the char vocabulary: the sorted distinct characters of the files' documents and of the blank line
-# that ends each document
-def char_vocab(pool, paths, text_field, stop):
-    jobs = (job + (text_field,) for path in paths for job in plan_slices(path, text_field))
-    chars = set("\n")
-    for found in in_order(pool, slice_chars, jobs, stop):
-        chars.update(found)
-    if len(chars) > 2**16:
-        raise CorpusError(
-            f"the corpus has {len(chars):,} distinct characters, more than "
-            "the 65,536 ids of a uint16 shard; use --tokenizer gpt2"
-        )
-    return "".join(sorted(chars))
-
-
 # -----------------------------------------------------------------------------
-# Shards
-
-
-# np.save's header of a 1-D uint16 array of n tokens: a shard's first bytes
-def npy_header(n):
-    header = io.BytesIO()
-    fields = {"descr": "<u2", "fortran_order": False, "shape": (n,)}
-    np.lib.format.write_array_header_1_0(header, fields)
-    return header.getvalue()
-
-
-# (tokens, where they start) of the .npy file open in f, at its start; a ValueError if it is
-# not a 1-D uint16 array
-def npy_layout(f):
-    version = np.lib.format.read_magic(f)
-    if version == (1, 0):
-        shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-    elif version == (2, 0):
-        shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
-    else:
-        raise ValueError(f".npy format version {version}")
-    if dtype != np.dtype("<u2") or len(shape) != 1:
-        raise ValueError(f"a {dtype} array of shape {shape}, not 1-D uint16")
-    return shape[0], f.tell()
-
-
-def verify_shard(path, entry, vocab_size):
-    """None if the .npy shard at path is what entry (a manifest's shard) says: a regular file of
-    entry["tokens"] uint16 tokens, of sha256 entry["sha256"] (unless that is None), every id below
-    vocab_size. Else the problem, one line naming the shard (the caller says what to do). Reads
-    CHUNK_BYTES at a time."""
-    problem = file_problem(path)
-    if problem:
-        return problem
-    size = os.path.getsize(path)
-    digest = hashlib.sha256()
-    top = 0
-    try:
-        with open(path, "rb") as f:
-            tokens, offset = npy_layout(f)
-            if tokens != entry["tokens"]:
-                return f"{path} holds {tokens:,} tokens, not the {entry['tokens']:,} recorded"
-            if size != offset + 2 * tokens:
-                sizes = f"{size:,} bytes, expected {offset + 2 * tokens:,}"
-                return f"{path} changed since fineweb.py wrote it ({sizes})"
-            f.seek(0)
-            digest.update(f.read(offset))
-            for chunk in iter(functools.partial(f.read, CHUNK_BYTES), b""):
-                if entry["sha256"] is not None:
-                    digest.update(chunk)
-                top = max(top, int(np.frombuffer(chunk, dtype="<u2").max()))
-    except (OSError, ValueError) as e:
-        return f"{path} cannot be read as a .npy shard ({e})"
-    if entry["sha256"] is not None and digest.hexdigest() != entry["sha256"]:
-        return f"{path} changed since fineweb.py wrote it (its sha256 differs)"
-    if top >= vocab_size:
-        return f"{path} holds token id {top}, not below the vocabulary's {vocab_size}"
-    return None
-
-
-# how many of the n tokens of a first file that fits in one shard are val: about 10%, at the
-# document start nearest to 10% if one lies between 5% and 20%, else mid-document (1 token at least)
-def small_val_size(n, starts):
-    if n < 2:
-        raise CorpusError("the first file holds no documents; val and train need some")
-    target = min(max(round(n / 10), 1), n - 1)
-    near = [s for s in starts if max(-(-n // 20), 1) <= s <= min(n // 5, n - 1)]
-    return min(near, key=lambda s: abs(s - target), default=target)
-
-
-# the temp files .{name}.tmp{pid} beside path that are over a minute old: their writers are gone
-def remove_stale_temps(path):
-    prefix = f".{path.name}.tmp"
-    for other in path.parent.iterdir():
-        if not other.name.startswith(prefix) or not other.name[len(prefix) :].isdigit():
-            continue
-        try:
-            if time.time() - other.stat().st_mtime > 60:
-                other.unlink()
-        except FileNotFoundError:
-            continue
-
-
-# write(f) into a temp file beside path (its directory made if need be), fsync, rename over
-# path: path is then the whole new file, or what it was. A failed write (a full disk) leaves no
-# temp file behind, and its OSError names path. The temp name is fixed (a rerun writes over
-# what a killed run left), or with unique, the process's own: for a file two programs may write
-# at once; then the temp files of writers killed meanwhile are removed once a minute old (no
-# live writer holds one that long).
-def write_atomic(path, write, unique=False):
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid() if unique else ''}")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if unique:
-            remove_stale_temps(path)
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as e:
-        raise OSError(f"cannot write {path}: {e}") from None
-    finally:
-        tmp.unlink(missing_ok=True)  # (gone already once renamed)
-
-
-# the first n tokens of the arrays `parts`, and the rest (views: nothing copied)
-def split_parts(parts, n):
-    head = []
-    for i, part in enumerate(parts):
-        if len(part) >= n:
-            return head + [part[:n]], [part[n:]] + parts[i + 1 :]
-        head.append(part)
-        n -= len(part)
-    return head, []
-
-
-# (file name, split) of part `part` of file `index`: the first part of the first file is val
-def shard_name(prefix, index, part):
-    split = "val" if index == part == 0 else "train"
-    return f"{prefix}_{split}_{index:04d}_{part:04d}.npy", split
-
-
-# The next part of file `index`, added to its shard entries: the bytes np.save writes for the
-# tokens of `parts`, concatenated (its header, then the tokens), written straight from the
-# parts, and their sha256.
-def save_shard(target, prefix, index, shards, parts):
-    name, split = shard_name(prefix, index, len(shards))
-    path = target / name
-    tokens = sum(len(part) for part in parts)
-    digest = hashlib.sha256(npy_header(tokens))
-    for part in parts:
-        digest.update(part.data)
-
-    def write(f):
-        f.write(npy_header(tokens))
-        for part in parts:
-            f.write(part.data)
-
-    write_atomic(path, write)
-    shards.append(
-        {
-            "file": path.name,
-            "split": split,
-            "tokens": tokens,
-            "sha256": digest.hexdigest(),
-            "bytes": path.stat().st_size,
-        }
-    )
-
-
-# build-nanogpt's packing, per file: parts of size tokens, the last one the remainder (a document
-# may span parts); returns their entries. results: each slice's tokens and its documents' token
-# counts, in order.
-def write_shards(target, index, results, settings):
-    size = settings["shard_size"]
-    pending = []  # token arrays not in a shard yet
-    count = 0
-    lengths = []  # documents' token counts, while the first file may fit in one shard
-    shards = []
-    for tokens, doc_lengths in results:
-        pending.append(tokens)
-        count += len(tokens)
-        if index == 0 and not shards:
-            lengths.append(doc_lengths)
-        # a full shard is written once there are more tokens
-        while count > size:
-            parts, pending = split_parts(pending, size)
-            save_shard(target, settings["prefix"], index, shards, parts)
-            count -= size
-    # a first file that fits in one shard: pending holds its documents
-    starts = np.cumsum(np.concatenate([[0]] + lengths)).tolist()
-    cut = small_val_size(count, starts) if index == 0 and not shards else 0
-    for parts in split_parts(pending, cut):
-        if sum(len(part) for part in parts):
-            save_shard(target, settings["prefix"], index, shards, parts)
-    return shards
-
-
-# -----------------------------------------------------------------------------
-# The output directory: done-records, manifest, --overwrite's swap
+# The output directory: done-records, manifest, repair, --overwrite's swap
 
 
 # why entry is not a shard entry of a manifest, or None
@@ -899,6 +1070,10 @@ def swap_in(out_dir, staging, new):
     shutil.rmtree(staging)
 
 
+# -----------------------------------------------------------------------------
+# Files: read without blocking, written atomically, one writer at a time
+
+
 # why path is no file to read, without opening it: gone, or not a regular file (a FIFO would
 # block a reader for good); None if it is one
 def file_problem(path):
@@ -920,6 +1095,160 @@ def open_file(path):
     if problem:
         raise CorpusError(problem)
     return open(path, "rb")
+
+
+# the temp files .{name}.tmp{pid} beside path that are over a minute old: their writers are gone
+def remove_stale_temps(path):
+    prefix = f".{path.name}.tmp"
+    for other in path.parent.iterdir():
+        if not other.name.startswith(prefix) or not other.name[len(prefix) :].isdigit():
+            continue
+        try:
+            if time.time() - other.stat().st_mtime > 60:
+                other.unlink()
+        except FileNotFoundError:
+            continue
+
+
+# write(f) into a temp file beside path (its directory made if need be), fsync, rename over
+# path: path is then the whole new file, or what it was. A failed write (a full disk) leaves no
+# temp file behind, and its OSError names path. The temp name is fixed (a rerun writes over
+# what a killed run left), or with unique, the process's own: for a file two programs may write
+# at once; then the temp files of writers killed meanwhile are removed once a minute old (no
+# live writer holds one that long).
+def write_atomic(path, write, unique=False):
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid() if unique else ''}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if unique:
+            remove_stale_temps(path)
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        raise OSError(f"cannot write {path}: {e}") from None
+    finally:
+        tmp.unlink(missing_ok=True)  # (gone already once renamed)
+
+
+# Out_dir's lock held while the block runs: one run at a time writes out_dir. Another run
+# holding it is refused, or with wait, waited for. A .lock that is not a regular file is not
+# opened (a FIFO would block for good).
+@contextlib.contextmanager
+def locked(out_dir, wait, stop):
+    problem = file_problem(out_dir / ".lock")
+    if problem and os.path.lexists(out_dir / ".lock"):
+        raise CorpusError(f"{problem}; remove it (fineweb.py's lock file has its name)")
+    try:
+        (out_dir / ".fineweb").mkdir(parents=True, exist_ok=True)
+        lock = open(out_dir / ".lock", "a")
+    except OSError as e:
+        raise OSError(f"cannot write {out_dir}: {e}") from None
+    with lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if not wait:
+                raise CorpusError(f"another fineweb.py run is writing {out_dir}") from None
+            say(f"waiting for another fineweb.py run writing {out_dir}")
+            with stop.at_once():
+                fcntl.flock(lock, fcntl.LOCK_EX)
+        except OSError:
+            say(f"warning: {out_dir} has no file locks; run one fineweb.py at a time")
+        yield
+
+
+# A stop signal's request. Its handler only records it: the main loop looks at it between
+# results, and the run then ends as Ctrl-C ends it, by a KeyboardInterrupt. Inside at_once() (a
+# download, a wait for the lock: nothing of the pool's in flight) it ends the run at once.
+class Stop:
+    def __init__(self):
+        self.name = None  # the signal that asked
+        self.immediate = False
+
+    def handle(self, signum, frame):
+        self.name = signal.Signals(signum).name
+        if self.immediate:
+            self.immediate = False
+            raise KeyboardInterrupt(self.name)
+
+    def check(self):
+        if self.name:
+            raise KeyboardInterrupt(self.name)
+
+    @contextlib.contextmanager
+    def at_once(self):
+        self.check()
+        self.immediate = True
+        try:
+            yield
+        finally:
+            self.immediate = False
+
+
+# a line on stdout; a stdout that fails (a full disk, a closed pipe, a gone terminal) ends the
+# printing, not the program: what it writes to disk (a corpus, a run's log and checkpoints) is
+# what must survive
+def say(line):
+    try:
+        print(line, flush=True)
+    except OSError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+# -----------------------------------------------------------------------------
+# Reading a corpus (train_gpt2.py): its manifest checked, its shards verified
+
+
+# (tokens, where they start) of the .npy file open in f, at its start; a ValueError if it is
+# not a 1-D uint16 array
+def npy_layout(f):
+    version = np.lib.format.read_magic(f)
+    if version == (1, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+    elif version == (2, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+    else:
+        raise ValueError(f".npy format version {version}")
+    if dtype != np.dtype("<u2") or len(shape) != 1:
+        raise ValueError(f"a {dtype} array of shape {shape}, not 1-D uint16")
+    return shape[0], f.tell()
+
+
+def verify_shard(path, entry, vocab_size):
+    """None if the .npy shard at path is what entry (a manifest's shard) says: a regular file of
+    entry["tokens"] uint16 tokens, of sha256 entry["sha256"] (unless that is None), every id below
+    vocab_size. Else the problem, one line naming the shard (the caller says what to do). Reads
+    CHUNK_BYTES at a time."""
+    problem = file_problem(path)
+    if problem:
+        return problem
+    size = os.path.getsize(path)
+    digest = hashlib.sha256()
+    top = 0
+    try:
+        with open(path, "rb") as f:
+            tokens, offset = npy_layout(f)
+            if tokens != entry["tokens"]:
+                return f"{path} holds {tokens:,} tokens, not the {entry['tokens']:,} recorded"
+            if size != offset + 2 * tokens:
+                sizes = f"{size:,} bytes, expected {offset + 2 * tokens:,}"
+                return f"{path} changed since fineweb.py wrote it ({sizes})"
+            f.seek(0)
+            digest.update(f.read(offset))
+            for chunk in iter(functools.partial(f.read, CHUNK_BYTES), b""):
+                if entry["sha256"] is not None:
+                    digest.update(chunk)
+                top = max(top, int(np.frombuffer(chunk, dtype="<u2").max()))
+    except (OSError, ValueError) as e:
+        return f"{path} cannot be read as a .npy shard ({e})"
+    if entry["sha256"] is not None and digest.hexdigest() != entry["sha256"]:
+        return f"{path} changed since fineweb.py wrote it (its sha256 differs)"
+    if top >= vocab_size:
+        return f"{path} holds token id {top}, not below the vocabulary's {vocab_size}"
+    return None
 
 
 # the tokens of a shard of build-nanogpt's (no manifest), from its header; a one-line ValueError
@@ -986,304 +1315,6 @@ def load_corpus(data_root):
         ).hexdigest(),
         "note": f"no {MANIFEST} in {root}: its {len(found)} shards read as GPT-2 tokens",
     }
-
-
-# -----------------------------------------------------------------------------
-# The command line
-
-
-# the CPUs this process may run on (its affinity: what a scheduler or taskset gave it)
-def usable_cpus():
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
-# (flag, argparse's options)
-FLAGS = [
-    ("--local", dict(nargs="+", metavar="FILE", help=".txt/.jsonl/.parquet files, in order")),
-    ("--repo", dict(default="HuggingFaceFW/fineweb-edu", help="else: hub dataset (%(default)s)")),
-    ("--files", dict(default="sample/10BT/*.parquet", help="its files (%(default)s)")),
-    ("--download_dir", dict(help="downloads go there (default: the hub cache)")),
-    ("--free", dict(action="store_true", help="delete each download once it is done")),
-    ("--dataset_name", dict(help="as recorded (default: fineweb-edu, the repo, local)")),
-    ("--text_field", dict(default="text", help="of .jsonl/.parquet (%(default)s)")),
-    ("--tokenizer", dict(choices=("gpt2", "char"), default="gpt2", help="char: --local only")),
-    ("--out_dir", dict(help="default: edu_fineweb10B, or data/{first file's stem}")),
-    ("--prefix", dict(default="edufineweb", help="of shard names (%(default)s)")),
-    ("--shard_size", dict(type=int, default=10**8, help="tokens (%(default)s)")),
-    ("--workers", dict(type=int, default=usable_cpus(), help="processes (%(default)s)")),
-    ("--overwrite", dict(action="store_true", help="rebuild beside, then swap in")),
-]
-
-
-# the flags, checked: a bad one is argparse's one line (exit status 2)
-def parse_args(argv):
-    parser = argparse.ArgumentParser(
-        prog="fineweb.py",
-        usage=argparse.SUPPRESS,
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        allow_abbrev=False,
-    )
-    for flag, options in FLAGS:
-        parser.add_argument(flag, **options)
-    args = parser.parse_args(argv)
-    if args.tokenizer == "char" and args.local is None:
-        parser.error("--tokenizer char needs --local files (for its vocabulary)")
-    # the prefix starts every shard's name in --out_dir: a name, never a path out of it
-    if not re.fullmatch(r"[\w.-]{1,100}", args.prefix):
-        parser.error(
-            f"--prefix {args.prefix!r} must be a plain name (up to 100 letters, digits, "
-            "'.', '_' or '-'), not a path: shards go in --out_dir"
-        )
-    # counts a typo cannot take past what the machine holds
-    if not 1 <= args.shard_size <= SHARD_SIZE_MAX:
-        parser.error(
-            f"--shard_size {args.shard_size:,} must be between 1 and {SHARD_SIZE_MAX:,} tokens: "
-            "a shard's tokens are held in memory until it is written (2 bytes each)"
-        )
-    if not 1 <= args.workers <= usable_cpus():
-        parser.error(
-            f"--workers {args.workers:,} must be between 1 and {usable_cpus()}, the CPUs this "
-            "process may use: more workers would only wait for them"
-        )
-    return args
-
-
-# A stop signal's request. Its handler only records it: the main loop looks at it between
-# results, and the run then ends as Ctrl-C ends it, by a KeyboardInterrupt. Inside at_once() (a
-# download, a wait for the lock: nothing of the pool's in flight) it ends the run at once.
-class Stop:
-    def __init__(self):
-        self.name = None  # the signal that asked
-        self.immediate = False
-
-    def handle(self, signum, frame):
-        self.name = signal.Signals(signum).name
-        if self.immediate:
-            self.immediate = False
-            raise KeyboardInterrupt(self.name)
-
-    def check(self):
-        if self.name:
-            raise KeyboardInterrupt(self.name)
-
-    @contextlib.contextmanager
-    def at_once(self):
-        self.check()
-        self.immediate = True
-        try:
-            yield
-        finally:
-            self.immediate = False
-
-
-# a line on stdout; a stdout that fails (a full disk, a closed pipe, a gone terminal) ends the
-# printing, not the program: what it writes to disk (a corpus, a run's log and checkpoints) is
-# what must survive
-def say(line):
-    try:
-        print(line, flush=True)
-    except OSError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-
-
-# path's documents into target's shards, by the pool's workers, in order
-def tokenize_file(pool, path, target, index, settings, desc, stop):
-    from tqdm import tqdm
-
-    text_field = settings["text_field"]
-    jobs = (job + (text_field, settings["vocab"]) for job in plan_slices(path, text_field))
-    results = in_order(pool, encode_slice, jobs, stop)
-    with tqdm(desc=desc, unit="tok", unit_scale=True, disable=None) as progress:
-        return write_shards(target, index, counted(results, progress), settings)
-
-
-# the results, each one's tokens counted on the progress bar
-def counted(results, progress):
-    for tokens, lengths in results:
-        progress.update(len(tokens))
-        yield tokens, lengths
-
-
-# --free: the hub's copy of a file done, deleted: the file in --download_dir, or the hub cache's
-# link and the blob it points to in the cache. A link to a file elsewhere (the user's) loses the
-# link only.
-def free_download(path, repo, download_dir):
-    from huggingface_hub import constants
-    from huggingface_hub.file_download import repo_folder_name
-
-    blob = Path(os.path.realpath(path))
-    os.remove(path)
-    folder = repo_folder_name(repo_id=repo, repo_type="dataset")
-    blobs = Path(os.path.realpath(os.path.join(constants.HF_HUB_CACHE, folder, "blobs")))
-    if download_dir is None and blob.parent == blobs:
-        os.remove(blob)
-
-
-# tokenise each file not done yet into target, then write its done-record; last, the manifest
-def build(pool, args, target, settings, stop):
-    from huggingface_hub import hf_hub_download
-
-    for index, source in enumerate(settings["sources"]):
-        record_file = target / ".fineweb" / f"{index:04d}.done.json"
-        if record_file.exists():
-            continue
-        # a hub file: downloaded, or found in the cache or download_dir (offline); a stop
-        # signal during the download ends it at once
-        path = source
-        if not args.local:
-            with stop.at_once():
-                path = hf_hub_download(
-                    args.repo, source, repo_type="dataset", local_dir=args.download_dir
-                )
-        info = os.stat(path)
-        desc = f"{index + 1}/{len(settings['sources'])} {Path(source).name}"
-        shards = tokenize_file(pool, path, target, index, settings, desc, stop)
-        record = {
-            "source": source,
-            "size": info.st_size,
-            "mtime_ns": None if args.local is None else info.st_mtime_ns,
-            "settings": settings,
-            "shards": shards,
-        }
-        write_atomic(record_file, lambda f: f.write(json.dumps(record, indent=1).encode()))
-        say(f"{desc}: {sum(s['tokens'] for s in shards):,} tokens")
-        if args.free and not args.local:
-            free_download(path, args.repo, args.download_dir)
-    write_manifest(target, settings)
-
-
-# Out_dir's lock held while the block runs: one run at a time writes out_dir. Another run
-# holding it is refused, or with wait, waited for. A .lock that is not a regular file is not
-# opened (a FIFO would block for good).
-@contextlib.contextmanager
-def locked(out_dir, wait, stop):
-    problem = file_problem(out_dir / ".lock")
-    if problem and os.path.lexists(out_dir / ".lock"):
-        raise CorpusError(f"{problem}; remove it (fineweb.py's lock file has its name)")
-    try:
-        (out_dir / ".fineweb").mkdir(parents=True, exist_ok=True)
-        lock = open(out_dir / ".lock", "a")
-    except OSError as e:
-        raise OSError(f"cannot write {out_dir}: {e}") from None
-    with lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if not wait:
-                raise CorpusError(f"another fineweb.py run is writing {out_dir}") from None
-            say(f"waiting for another fineweb.py run writing {out_dir}")
-            with stop.at_once():
-                fcntl.flock(lock, fcntl.LOCK_EX)
-        except OSError:
-            say(f"warning: {out_dir} has no file locks; run one fineweb.py at a time")
-        yield
-
-
-# the sources and settings, then under out_dir's lock: finish a swap
-# cut short, refuse what the settings would not make, check what is
-# done, build, swap in; state tells main where the files go and how many there are
-def run(args, pool, state, stop, wait):
-    out_dir = Path(
-        args.out_dir or (f"data/{Path(args.local[0]).stem}" if args.local else "edu_fineweb10B")
-    )
-    # a manifest.json fineweb.py did not write (it writes .fineweb/ first) is the user's
-    if os.path.lexists(out_dir / MANIFEST) and not (out_dir / ".fineweb").is_dir():
-        raise CorpusError(
-            f"{out_dir} holds files that are not fineweb.py's ({MANIFEST}); pick another --out_dir"
-        )
-    if args.local:
-        sources = check_local(args.local)
-    else:
-        with stop.at_once():
-            sources = hub_files(args.repo, args.files, args.download_dir)
-    state["files"] = len(sources)
-    # GPT-2's tokenizer is built here, before the first job starts a worker: they share it
-    if args.tokenizer == "gpt2":
-        get_tokenizer()
-    vocab = None
-    if args.tokenizer == "char":
-        vocab = char_vocab(pool, sources, args.text_field, stop)
-    # the dataset recorded: FineWeb-Edu, another repo's id, or local
-    name = "fineweb-edu" if args.repo == "HuggingFaceFW/fineweb-edu" else args.repo
-    settings = {
-        "tokenizer": args.tokenizer,
-        "vocab": vocab,
-        "dataset": args.dataset_name or ("local" if args.local else name),
-        "repo": None if args.local else args.repo,
-        "prefix": args.prefix,
-        "shard_size": args.shard_size,
-        "text_field": args.text_field,
-        "sources": sources,
-    }
-    staging = out_dir / ".fineweb" / "staging"
-    with locked(out_dir, wait, stop):
-        new, problem = read_manifest(staging)
-        if not problem:  # an --overwrite stopped while swapping
-            swap_in(out_dir, staging, new)
-        state["target"] = staging if args.overwrite else out_dir
-        problem = check_corpus(state["target"], settings)
-        if problem and not args.overwrite:
-            raise CorpusError(f"{problem}; use --overwrite to rebuild, or another --out_dir")
-        if problem:  # an earlier --overwrite's, with other settings
-            shutil.rmtree(staging)
-        if state["target"].is_dir():
-            repair(pool, state["target"], settings, stop)
-        _, problem = read_manifest(out_dir)
-        done = not problem and not args.overwrite
-        if not done:
-            build(pool, args, state["target"], settings, stop)
-        if args.overwrite:
-            swap_in(out_dir, staging, read_manifest(staging)[0])
-        manifest, _ = read_manifest(out_dir)
-    say(
-        f"{out_dir}: {'finished already, its shards verified' if done else 'done'} "
-        f"({manifest['tokens']:,} tokens, {len(manifest['shards'])} shards)"
-    )
-    return manifest
-
-
-def main(argv=None, wait=False):
-    """The command line; returns the manifest of the corpus made. A bad input, a stop signal or
-    a failure ends it by SystemExit with its one line (the signal handlers it took given back,
-    its workers ended). wait: when another fineweb.py run holds --out_dir, wait for it (as
-    train_gpt2.py does, making a preset's corpus) instead of refusing."""
-    args = parse_args(argv)
-    state = {"target": None, "files": 0}
-    # a stop signal ignored at start (as nohup's SIGHUP) stays ignored; the old handlers come back
-    # after
-    stop = Stop()
-    old = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
-    for sig in [sig for sig in STOP_SIGNALS if old[sig] != signal.SIG_IGN]:
-        signal.signal(sig, stop.handle)
-    pool = Pool(args.workers)
-    try:
-        return run(args, pool, state, stop, wait)
-    except KeyboardInterrupt as e:
-        sys.exit(
-            f"fineweb.py: stopped ({e}); {files_done(state)}; run the same command to continue"
-        )
-    except WorkerDied:
-        sys.exit(
-            "fineweb.py: error: a worker died (killed, or out of memory?); "
-            f"{files_done(state)}: run the same command to continue"
-        )
-    except Exception as e:
-        # an OSError names its file (write_atomic's, a full disk's)
-        reason = e if isinstance(e, (CorpusError, OSError)) else f"{type(e).__name__}: {e}"
-        sys.exit(f"fineweb.py: error: {str(reason).splitlines()[0]}")
-    finally:
-        pool.close()
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, old[sig])
-
-
-# "N of M files done and kept", for the line a stopped or failed run ends with
-def files_done(state):
-    done = len(read_records(state["target"])[0]) if state["target"] else 0
-    return f"{done} of {state['files']} files done and kept"
 
 
 if __name__ == "__main__":
