@@ -484,14 +484,22 @@ def parse_args(argv):
     except ValueError as e:
         p.error(str(e))
     if args.json:
-        check_json(p, args.json)
+        args.json = check_json(p, args.json)
     return args
 
 
 def check_json(parser, path):
     # --json names a file to write, or to replace: never a directory, a FIFO or a device (the
-    # rename would put a file in its place), nor a path through a file
-    path = Path(path)
+    # rename would put a file in its place), nor a path through a file; a file there only if it
+    # is bench.py's own results, and never in a training run's log_dir or a corpus (a record or
+    # a checkpoint replaced). Returns the path resolved: the write goes there, whatever a link on
+    # it comes to point at meanwhile.
+    path = fineweb.resolved(path)
+    above = fineweb.claimed_by(path.parent)
+    if above:
+        parser.error(f"--json {path} is inside {above}: name a file elsewhere")
+    if path.is_file() and not is_results(path):
+        parser.error(f"--json {path} is a file but not bench.py's results: name a new file")
     if path.is_dir():
         parser.error(f"--json {path} is a directory: name a file in it")
     if path.exists() and not path.is_file():
@@ -504,6 +512,19 @@ def check_json(parser, path):
         parser.error(
             f"--json {path}: {parent} is a file, not a directory: name a file in a directory"
         )
+    return path
+
+
+def is_results(path):
+    # whether the file at path is what bench.py writes: a JSON object with its rows and
+    # environment (read only when small, as such a file is)
+    if path.stat().st_size > 2**24:
+        return False
+    try:
+        results = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return False
+    return isinstance(results, dict) and {"rows", "environment"} <= results.keys()
 
 
 def run(args):
@@ -599,6 +620,8 @@ def main(argv=None):
         # one line, even for a library's multi-line message
         message = " ".join(str(e).split())
         sys.exit(f"bench.py: error: {message}")
+    except KeyboardInterrupt:
+        sys.exit("bench.py: interrupted; --json was not written")
 
 
 if __name__ == "__main__":

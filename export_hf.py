@@ -195,9 +195,13 @@ def remove(tmp):
 def export_hf(checkpoint_path, out_dir):
     from safetensors import SafetensorError  # transformers writes the weights with it
 
+    # resolved once: the export goes there, whatever a link on the path comes to mean
     out = Path(out_dir).resolve()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ValueError(f"{out} exists and is not an empty directory; pick a new OUT_DIR")
+    above = fineweb.claimed_by(out)
+    if above:
+        raise ValueError(f"{out} is inside {above}: pick an OUT_DIR outside it")
     model, enc = load(checkpoint_path)
     chars = isinstance(enc, fineweb.CharTokenizer)
     tokenizer = (char_tokenizer if chars else gpt2_tokenizer)(enc, model.config.block_size)
@@ -237,6 +241,8 @@ def main(argv=None):
         out = export_hf(args.checkpoint, args.out_dir)
     except (ValueError, OSError) as e:
         sys.exit(f"export_hf.py: error: {' '.join(str(e).split())}")
+    except KeyboardInterrupt:
+        sys.exit(f"export_hf.py: interrupted; {args.out_dir} was not written")
     # a closed stdout (`| head`) ends the printing quietly, as in train_gpt2.py: the export is done
     fineweb.say(f"wrote {out}: load it with AutoModelForCausalLM.from_pretrained({str(out)!r})")
 

@@ -61,9 +61,16 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
+# Ctrl-C while numpy loads ends the program in one line
+try:
+    import numpy as np
+except KeyboardInterrupt:
+    sys.exit(f"{Path(sys.argv[0]).name}: interrupted while starting; nothing was written")
 
 MANIFEST = "manifest.json"
+# the lock file of a corpus's readers: training runs share it, fineweb.py takes it alone to
+# change a finished corpus
+READERS = ".readers.lock"
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
 
 # GPT-2's BPE from the vendored vocabulary (tiktoken's r50k_base)
@@ -198,11 +205,20 @@ def hub_files(repo, pattern, download_dir):
 
 
 # the absolute paths of --local's files, refused before any work when one is of a kind we
-# cannot read, missing, or not a regular file (a FIFO, a device)
+# cannot read, missing, or not a regular file (a FIFO, a device), or when a file comes twice (by
+# its name, a link or a hard link): its text would be in the corpus twice, the val split's in
+# the train split too
 def check_local(paths):
+    seen = {}  # {(device, inode): the path given first}
     for path in paths:
         if Path(path).suffix.lower() not in (".txt", ".jsonl", ".parquet") or file_problem(path):
             raise CorpusError(f"{path}: no such .txt, .jsonl or .parquet file")
+        info = os.stat(path)
+        first = seen.get((info.st_dev, info.st_ino))
+        if first is not None:
+            same = "is given twice" if first == path else f"and {first} are the same file"
+            raise CorpusError(f"{path} {same}: give each input once")
+        seen[(info.st_dev, info.st_ino)] = path
     return [os.path.abspath(path) for path in paths]
 
 
@@ -309,15 +325,34 @@ def encode_document(vocab, doc):
 # document at a time on the worker's main thread: tiktoken there runs faster than in
 # encode_ordinary_batch's threads, and processes already use every core (docs/benchmarks.md).
 def encode_slice(path, start, stop, text_field, vocab):
-    docs = read_slice(path, start, stop, text_field)
-    arrays = [encode_document(vocab, doc) for doc in docs]
-    lengths = np.array([len(a) for a in arrays], dtype=np.int64)
-    return np.concatenate([np.empty(0, dtype=np.uint16)] + arrays), lengths
+    try:
+        docs = read_slice(path, start, stop, text_field)
+        arrays = [encode_document(vocab, doc) for doc in docs]
+        lengths = np.array([len(a) for a in arrays], dtype=np.int64)
+        return np.concatenate([np.empty(0, dtype=np.uint16)] + arrays), lengths
+    except MemoryError:
+        raise CorpusError(out_of_memory(path, start, stop)) from None
 
 
 # a slice's distinct characters, sorted, in a worker
 def slice_chars(path, start, stop, text_field):
-    return "".join(sorted(set("".join(read_slice(path, start, stop, text_field)))))
+    try:
+        return "".join(sorted(set("".join(read_slice(path, start, stop, text_field)))))
+    except MemoryError:
+        raise CorpusError(out_of_memory(path, start, stop)) from None
+
+
+# what a worker out of memory on a slice says: where, and what to do (a slice holds whole
+# documents, so a huge one is a single document)
+def out_of_memory(path, start, stop):
+    if Path(path).suffix.lower() == ".parquet":
+        where = f"rows {start:,} to {stop:,}"
+    else:
+        where = f"bytes {start:,} to {stop:,} ({(stop - start) / 2**20:,.1f} MB)"
+    return (
+        f"{path}: out of memory tokenising {where}, whole documents: give each worker more"
+        " memory (fewer --workers), or cut a document that large into smaller ones"
+    )
 
 
 # the char vocabulary: the sorted distinct characters of the files' documents and of the blank line
@@ -504,14 +539,8 @@ def free_download(path, repo, download_dir):
 # cut short, refuse what the settings would not make, check what is
 # done, build, swap in; state tells main where the files go and how many there are
 def run(args, pool, state, stop, wait):
-    out_dir = Path(
-        args.out_dir or (f"data/{Path(args.local[0]).stem}" if args.local else "edu_fineweb10B")
-    )
-    # a manifest.json fineweb.py did not write (it writes .fineweb/ first) is the user's
-    if os.path.lexists(out_dir / MANIFEST) and not (out_dir / ".fineweb").is_dir():
-        raise CorpusError(
-            f"{out_dir} holds files that are not fineweb.py's ({MANIFEST}); pick another --out_dir"
-        )
+    out_dir = args.out_dir or (f"data/{Path(args.local[0]).stem}" if args.local else "")
+    out_dir = check_out_dir(resolved(out_dir or "edu_fineweb10B"))
     if args.local:
         sources = check_local(args.local)
     else:
@@ -537,9 +566,15 @@ def run(args, pool, state, stop, wait):
         "sources": sources,
     }
     staging = out_dir / ".fineweb" / "staging"
-    with locked(out_dir, wait, stop):
+    # a finished corpus changes (swapped, repaired) only under its readers' lock: never while a
+    # training run reads it
+    with locked(out_dir, wait, stop), contextlib.ExitStack() as changing:
         new, problem = read_manifest(staging)
-        if not problem:  # an --overwrite stopped while swapping
+        swapping = not problem  # an --overwrite stopped while swapping
+        held = swapping or args.overwrite
+        if held:
+            changing.enter_context(no_readers(out_dir))
+        if swapping:
             swap_in(out_dir, staging, new)
         state["target"] = staging if args.overwrite else out_dir
         problem = check_corpus(state["target"], settings)
@@ -548,7 +583,10 @@ def run(args, pool, state, stop, wait):
         if problem:  # an earlier --overwrite's, with other settings
             shutil.rmtree(staging)
         if state["target"].is_dir():
-            repair(pool, state["target"], settings, stop)
+            damage = find_damage(pool, state["target"], settings, stop)
+            if damage and not held:
+                changing.enter_context(no_readers(out_dir))
+            remove_damage(damage)
         _, problem = read_manifest(out_dir)
         done = not problem and not args.overwrite
         if not done:
@@ -581,12 +619,18 @@ def main(argv=None, wait=False):
         return run(args, pool, state, stop, wait)
     except KeyboardInterrupt as e:
         sys.exit(
-            f"fineweb.py: stopped ({e}); {files_done(state)}; run the same command to continue"
+            f"fineweb.py: stopped ({e or 'SIGINT'}); {files_done(state)}; run the same command to"
+            " continue"
         )
     except WorkerDied:
         sys.exit(
             "fineweb.py: error: a worker died (killed, or out of memory?); "
             f"{files_done(state)}: run the same command to continue"
+        )
+    except MemoryError:
+        sys.exit(
+            f"fineweb.py: error: out of memory writing shards; {files_done(state)}: run the same"
+            " command with a smaller --shard_size (a shard's tokens are held until it is written)"
         )
     except Exception as e:
         # an OSError names its file (write_atomic's, a full disk's)
@@ -1008,10 +1052,11 @@ def check_corpus(target, settings):
     return None
 
 
-# Damaged done-records and manifest go (their files are made again), and every shard of the done
-# files is checked by the pool (size, sha256, ids); a file whose shards changed loses its
-# record, to be tokenised again. The manifest goes first: the directory is unfinished from then.
-def repair(pool, target, settings, stop):
+# What of target's corpus a rerun makes again, as (path, what to say) to remove, the manifest
+# first (the directory is unfinished from then on): a damaged manifest or done-record, and the
+# done-record of each file whose shards changed. The pool checks every shard of the done files
+# (size, sha256, ids).
+def find_damage(pool, target, settings, stop):
     records, damaged = read_records(target)
     present = os.path.lexists(target / MANIFEST)
     _, problem = read_manifest(target)
@@ -1022,16 +1067,24 @@ def repair(pool, target, settings, stop):
     for index, found in zip(owners, in_order(pool, verify_shard, jobs, stop)):
         if found and index not in bad:
             bad[index] = found
-    if present and problem:
-        say(f"{target / MANIFEST} is damaged ({problem}); writing it again")
+    damage = []
     if present and (problem or damaged or bad):
-        (target / MANIFEST).unlink()
+        said = f"{target / MANIFEST} is damaged ({problem}); writing it again" if problem else None
+        damage.append((target / MANIFEST, said))
     for path, why in damaged.items():
-        say(f"{path} is damaged ({why}); its file is tokenised again")
-        path.unlink()
+        damage.append((path, f"{path} is damaged ({why}); its file is tokenised again"))
     for index, found in bad.items():
-        say(f"{found}: tokenising {records[index]['source']} again")
-        (target / ".fineweb" / f"{index:04d}.done.json").unlink()
+        said = f"{found}: tokenising {records[index]['source']} again"
+        damage.append((target / ".fineweb" / f"{index:04d}.done.json", said))
+    return damage
+
+
+# find_damage's paths removed, each said (their files are tokenised again)
+def remove_damage(damage):
+    for path, said in damage:
+        if said:
+            say(said)
+        path.unlink()
 
 
 # manifest.json from the done-records: the shards, val first, and a fingerprint over their sha256s
@@ -1128,36 +1181,130 @@ def write_atomic(path, write, unique=False):
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except OSError as e:
-        raise OSError(f"cannot write {path}: {e}") from None
+        # (the error's own text names the temporary file: the user knows path)
+        raise OSError(f"cannot write {path}: {e.strerror or e}") from None
     finally:
         tmp.unlink(missing_ok=True)  # (gone already once renamed)
 
 
+# path with every link in it resolved now: a program resolves the directory it writes into (or a
+# run the corpus it reads) once, when it checks it, and uses this from then on, so that a link
+# moved meanwhile (a "latest" pointer) changes nothing. Relative to the working directory when
+# inside it, so that messages keep the names the user gave.
+def resolved(path):
+    real = os.path.realpath(path)
+    inside = os.path.relpath(real)
+    if inside == ".." or inside.startswith("../"):
+        return Path(real)
+    return Path(inside)
+
+
+# What path lies in (path itself or a directory above it) that no other program may write into:
+# a training run's log_dir (it holds runs.jsonl) or a corpus of fineweb.py's (it holds .fineweb/);
+# None if neither.
+def claimed_by(path):
+    path = Path(os.path.abspath(path))
+    for directory in [path, *path.parents]:
+        if (directory / "runs.jsonl").is_file():
+            return f"the run in {directory}"
+        if (directory / ".fineweb").is_dir():
+            return f"the corpus {directory}"
+    return None
+
+
+# --out_dir, checked: a directory that is fineweb.py's (it holds .fineweb/), or new, or empty;
+# never one inside a training run's log_dir or another corpus, nor one holding others' files
+def check_out_dir(out_dir):
+    above = claimed_by(out_dir.parent)
+    if above:
+        raise CorpusError(f"--out_dir {out_dir} is inside {above}: pick a directory outside it")
+    if (out_dir / "runs.jsonl").is_file():
+        raise CorpusError(f"--out_dir {out_dir} is a training run's log_dir: pick another")
+    # (the lock files a run makes first are fineweb.py's)
+    others = []
+    if out_dir.is_dir() and not (out_dir / ".fineweb").is_dir():
+        others = [p for p in out_dir.iterdir() if p.name not in (".lock", READERS)]
+    if others:
+        raise CorpusError(
+            f"{out_dir} holds files that are not fineweb.py's; pick another --out_dir (a new or"
+            " an empty one)"
+        )
+    return out_dir
+
+
+# The readers' lock of the corpus in out_dir taken alone while the block runs: fineweb.py is
+# about to change a finished corpus (swap in a new one, remake a damaged file). A training run
+# reading it holds the lock shared: this run is refused then, and a run starting meanwhile is.
+@contextlib.contextmanager
+def no_readers(out_dir):
+    try:
+        lock = take_lock(out_dir / READERS)
+    except BlockingIOError:
+        raise CorpusError(
+            f"a training run is reading {out_dir} (it holds {out_dir / READERS}): run this again"
+            " once that run has ended, or write another --out_dir"
+        ) from None
+    except NoLocks:
+        say(f"warning: {out_dir} has no file locks: keep training runs off it while it changes")
+        lock = None
+    except ValueError as e:
+        raise CorpusError(str(e)) from None
+    try:
+        yield
+    finally:
+        if lock is not None:
+            lock.close()
+
+
+class NoLocks(OSError):
+    """A filesystem without file locks (some network filesystems)."""
+
+
+# A flock on the file at path (made if missing): exclusive, or shared with other readers. The
+# open file that holds it, which the kernel unlocks when it is closed or its process ends: a
+# killed holder leaves no stale lock. Held by another: BlockingIOError (with wait: waited for).
+# NoLocks where the filesystem has none. A FIFO or a device there is never opened.
+def take_lock(path, shared=False, wait=False):
+    if os.path.lexists(path) and file_problem(path):
+        raise ValueError(f"{file_problem(path)}; remove it (a lock file has its name)")
+    lock = open(path, "a+")
+    mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+    try:
+        fcntl.flock(lock, mode if wait else mode | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise
+    except OSError as e:
+        lock.close()
+        raise NoLocks(e.errno, e.strerror) from None
+    return lock
+
+
 # Out_dir's lock held while the block runs: one run at a time writes out_dir. Another run
-# holding it is refused, or with wait, waited for. A .lock that is not a regular file is not
-# opened (a FIFO would block for good).
+# holding it is refused, or with wait, waited for.
 @contextlib.contextmanager
 def locked(out_dir, wait, stop):
-    problem = file_problem(out_dir / ".lock")
-    if problem and os.path.lexists(out_dir / ".lock"):
-        raise CorpusError(f"{problem}; remove it (fineweb.py's lock file has its name)")
     try:
         (out_dir / ".fineweb").mkdir(parents=True, exist_ok=True)
-        lock = open(out_dir / ".lock", "a")
+        lock = take_lock(out_dir / ".lock")
+    except BlockingIOError:
+        if not wait:
+            raise CorpusError(f"another fineweb.py run is writing {out_dir}") from None
+        say(f"waiting for another fineweb.py run writing {out_dir}")
+        with stop.at_once():
+            lock = take_lock(out_dir / ".lock", wait=True)
+    except NoLocks:
+        say(f"warning: {out_dir} has no file locks; run one fineweb.py at a time")
+        lock = None
+    except ValueError as e:
+        raise CorpusError(str(e)) from None
     except OSError as e:
-        raise OSError(f"cannot write {out_dir}: {e}") from None
-    with lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if not wait:
-                raise CorpusError(f"another fineweb.py run is writing {out_dir}") from None
-            say(f"waiting for another fineweb.py run writing {out_dir}")
-            with stop.at_once():
-                fcntl.flock(lock, fcntl.LOCK_EX)
-        except OSError:
-            say(f"warning: {out_dir} has no file locks; run one fineweb.py at a time")
+        raise CorpusError(f"cannot write {out_dir}: {e.strerror or e}") from None
+    try:
         yield
+    finally:
+        if lock is not None:
+            lock.close()
 
 
 # A stop signal's request. Its handler only records it: the main loop looks at it between

@@ -27,9 +27,9 @@ hellaswag.py, export_hf.py, bench.py) ends Ctrl-C meanwhile in one line. Nothing
 
 import argparse
 import ast
+import contextlib
 import dataclasses
 import datetime
-import fcntl
 import hashlib
 import inspect
 import io
@@ -49,7 +49,8 @@ import tokenize
 import zipfile
 from pathlib import Path
 
-# Ctrl-C while torch loads (seconds) ends the program in one line, as it does before the loop
+# Ctrl-C while torch loads (seconds) ends the program in one line, as it does before the loop;
+# so does torch failing to load (not installed, or out of memory under `ulimit -v`)
 try:
     import torch
     import torch.distributed as dist
@@ -58,6 +59,12 @@ try:
     import plot
 except KeyboardInterrupt:
     sys.exit(f"{Path(sys.argv[0]).name}: interrupted while loading torch; nothing was written")
+except (ImportError, OSError, MemoryError) as e:
+    reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+    sys.exit(
+        f"{Path(sys.argv[0]).name}: error: torch does not load ({reason}): give the process more"
+        " memory (ulimit -v), or install it (pip install -r requirements.txt)"
+    )
 
 # the checkout: the modules of a run's code that its record keeps
 ROOT = Path(__file__).resolve().parent
@@ -251,37 +258,34 @@ def free_log_dir(log_dir):
 
 
 def lock_log_dir(log_dir, log):
-    # One run per log_dir: an exclusive flock on log_dir/.lock, which the kernel drops when the
-    # process ends (a killed run leaves no stale lock). The file names its holder, for the
-    # refusal. Returns the open lock file and the directories made for it (log_dir and its
-    # missing parents, outermost first), which a start that fails removes again.
+    # One run per log_dir: an exclusive flock on log_dir/.lock (fineweb.take_lock), which names
+    # its holder for the refusal. Returns the open lock file (None where the filesystem has no
+    # locks) and what was made for it: log_dir and its missing parents (outermost first), and
+    # the lock file, which a start that fails removes again.
     made = []
     try:
         for directory in reversed([log_dir, *log_dir.parents]):
             if not directory.is_dir():
                 directory.mkdir()
                 made.append(directory)
-        if (log_dir / ".lock").exists() and not (log_dir / ".lock").is_file():
-            raise ValueError(f"{log_dir / '.lock'} is not a regular file: move it away")
-        lock = open(log_dir / ".lock", "a+")
+        if not os.path.lexists(log_dir / ".lock"):
+            made.append(log_dir / ".lock")
+        lock = fineweb.take_lock(log_dir / ".lock")
+    except BlockingIOError:
+        holder = (log_dir / ".lock").read_text().strip() or "another process"
+        raise ValueError(
+            f"{log_dir} is in use by another run ({holder}): pass another --log_dir"
+            f" ({free_log_dir(log_dir)} is free)"
+        ) from None
+    except fineweb.NoLocks as e:
+        log(f"warning: no file locks in {log_dir} ({e.strerror}): keep other runs out of it")
+        return None, made
     except OSError as e:
         remove_made(made)
         raise ValueError(
             f"cannot use --log_dir {log_dir} ({e.strerror}: {e.filename}): pass a directory"
             " that can be made and written"
         ) from None
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        lock.seek(0)
-        holder = lock.read().strip() or "another process"
-        lock.close()
-        raise ValueError(
-            f"{log_dir} is in use by another run ({holder}): pass another --log_dir"
-            f" ({free_log_dir(log_dir)} is free)"
-        ) from None
-    except OSError as e:
-        log(f"warning: no file locks in {log_dir} ({e.strerror}): keep other runs out of it")
     lock.truncate(0)
     lock.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
     lock.flush()
@@ -289,12 +293,14 @@ def lock_log_dir(log_dir, log):
 
 
 def remove_made(made):
-    # the directories a failed start made (outermost first), removed innermost first while empty
-    for directory in reversed(made):
-        try:
-            directory.rmdir()
-        except OSError:
-            return
+    # what a start that failed made (files, and directories outermost first), removed in reverse
+    # order: a directory only if empty (what else is in it was not this start's)
+    for path in reversed(made):
+        if path.is_dir() and not path.is_symlink():
+            with contextlib.suppress(OSError):
+                path.rmdir()
+        else:
+            path.unlink(missing_ok=True)
 
 
 def check_log_dir(log_dir, start_step, continues, resume):
@@ -353,15 +359,19 @@ def write_lines(f, text):
 
 
 def read_code(known=()):
-    # {path: source} of every module imported from this checkout (the packages of an environment
-    # inside it, a .venv, aside) and not in `known`, read now: the code this run runs
-    environments = [Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()]
+    # {name: source} of every module imported from this checkout and not in `known`, read now:
+    # the code this run runs. A module is the checkout's if its file is inside it as imported or
+    # with its links resolved (a link in the checkout to a file elsewhere, or one from elsewhere
+    # into it); the packages of an environment inside it (a .venv) are not. Its name is its path
+    # in the checkout: the real one, or else the link's.
+    prefixes = {sys.prefix, sys.base_prefix}
+    environments = {Path(p) for p in prefixes} | {Path(p).resolve() for p in prefixes}
 
-    def ours(path):
+    def inside(path):
         return path.is_relative_to(ROOT) and not any(path.is_relative_to(e) for e in environments)
 
     # torch alone brings over a thousand modules from a few hundred directories: each directory
-    # is resolved once, and only the files of one inside the checkout
+    # is looked at once, and only the files of one inside the checkout
     directories = {}
     code = {}
     for module in list(sys.modules.values()):
@@ -371,15 +381,17 @@ def read_code(known=()):
             continue
         directory = os.path.dirname(file)
         if directory not in directories:
-            directories[directory] = ours(Path(directory).resolve())
+            as_imported = Path(os.path.normpath(directory))
+            directories[directory] = inside(as_imported) or inside(as_imported.resolve())
         if not directories[directory]:
             continue
-        path = Path(file).resolve()
-        if not ours(path):
+        real = Path(file).resolve()
+        path = real if inside(real) else Path(os.path.normpath(file))
+        if not inside(path):
             continue
         name = path.relative_to(ROOT).as_posix()
         if name not in known:
-            code[name] = path.read_bytes()
+            code[name] = real.read_bytes()
     return dict(sorted(code.items()))
 
 
@@ -405,13 +417,6 @@ def git_state(modules):
     }
 
 
-def read_run_code():
-    # The code of a run, read at its start before anything slow (an edit made meanwhile for the
-    # next experiment is not this run's): its modules' sources and the git state
-    sources = read_code()
-    return {"sources": sources, "git": git_state(list(sources))}
-
-
 def kept_name(name, data):
     # where a module's source (or the git diff) is kept in log_dir: code/{name}-{its hash}, so
     # equal names mean equal bytes (mylib/attn.py: code/mylib.attn-0123456789ab.py)
@@ -419,33 +424,6 @@ def kept_name(name, data):
     stem = stem.replace("/", ".") if dot else name
     suffix = f".{suffix}" if dot else ""
     return f"code/{stem}-{hashlib.sha256(data).hexdigest()[:12]}{suffix}"
-
-
-def keep(log_dir, name, data):
-    # data kept once under log_dir (kept_name); the relative path
-    kept = kept_name(name, data)
-    if not (log_dir / kept).exists():
-        fineweb.write_atomic(log_dir / kept, lambda f: f.write(data))
-    return kept
-
-
-def record_run(log_dir, record, code):
-    # One line a start in runs.jsonl: the record, and what produced the run: the source of every
-    # module of this checkout it imported (each kept once in code/), the git commit, diff and
-    # untracked modules, the versions and the time. plot.py compares runs from these.
-    record["code"] = {name: keep(log_dir, name, data) for name, data in code["sources"].items()}
-    git = code["git"]
-    if git is not None:
-        diff = keep(log_dir, "git.diff", git["diff"]) if git["diff"] else None
-        git = {"commit": git["commit"], "diff": diff, "untracked": git["untracked"]}
-    record["git"] = git
-    record["versions"] = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-    }
-    record["time"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    append_record(log_dir, record)
 
 
 def append_record(log_dir, record):
@@ -587,21 +565,26 @@ class Run:
     # One training run's harness, on every rank; rank 0 alone logs, holds log_dir and writes
     # there. Created at the program's start, it reads the code before anything slow (an edit
     # made meanwhile for the next experiment is not this run's); entered once the ranks have
-    # met, it locks log_dir; left, it gives back what it took (the signals, the lock, the
-    # process group), and a start that failed before writing anything leaves no directory it
-    # made.
+    # met, it resolves log_dir (once: a link moved later changes nothing) and locks it; left, it
+    # gives back what it took (the signals, the locks, the process group). A start that fails
+    # before its first step or checkpoint (a full disk, a bad flag found late, out of memory in
+    # the first step) leaves nothing it made: its rerun starts clean.
 
     def __init__(self, cfg, log):
         self.cfg = cfg
         self.master = os.environ.get("RANK", "0") == "0"
         self.log = log if self.master else lambda *args: None
-        self.code = read_run_code() if self.master else None
-        self.log_dir = Path(cfg.log_dir)
+        self.sources = read_code() if self.master else None  # {module: its source}
+        self.git = git_state(list(self.sources)) if self.master else None
+        self.log_dir = None
         self.lock = None
-        self.made = []  # the directories lock_log_dir made
+        self.corpus_lock = None
+        self.made = []  # what this start made in log_dir, in order (a failed start removes it)
+        self.grown = {}  # the files it appends to that were there: {path: their size}
+        self.started = False  # a step or a checkpoint done: from here on all is the run's
         self.resumed_from = None  # the checkpoint's path
         self.ckpt = None  # its contents, until begin() has used them
-        self.kept = None  # where each module's source is kept (rank 0's)
+        self.kept = None  # where each module's source is kept in log_dir (rank 0's)
         self.wandb_run = None
         self.wandb_id = None
         self.metrics = None
@@ -609,16 +592,45 @@ class Run:
         self.device = "cpu"
 
     def __enter__(self):
+        self.log_dir = fineweb.resolved(self.cfg.log_dir)
+        corpus = fineweb.claimed_by(self.log_dir)
+        if corpus and corpus.startswith("the corpus"):
+            raise ValueError(
+                f"--log_dir {self.log_dir} is in {corpus}: pass a directory of its own"
+            )
         if self.master:
             self.lock, self.made = lock_log_dir(self.log_dir, self.log)
         return self
 
+    def hold_corpus(self, data_root):
+        # The corpus the run reads, resolved once (a --data_root link repointed later changes
+        # nothing) and held with a shared lock for the run's length: fineweb.py changes no corpus
+        # a run holds, and a run does not start on one that fineweb.py is changing. Every rank
+        # holds it (each node may read a copy of its own).
+        root = fineweb.resolved(data_root)
+        if not root.is_dir():
+            return root  # (load_corpus says what to do)
+        lock = root / fineweb.READERS
+        try:
+            self.corpus_lock = fineweb.take_lock(lock, shared=True)
+        except BlockingIOError:
+            raise ValueError(
+                f"fineweb.py is changing {root} (it holds {lock}): run again once it has finished"
+            ) from None
+        except OSError as e:
+            # no locks on this filesystem, or a corpus this user cannot write (a shared dataset)
+            self.log(
+                f"warning: cannot lock {root} ({e.strerror}): keep fineweb.py from changing it"
+                " while this run reads it"
+            )
+        return root
+
     def resume(self):
         # The checkpoint --resume names, read on every rank (rank 0 chooses), or None. One of
         # this log_dir's continues its run (its wandb run too); another's starts a branch.
-        chosen = (
-            [choose_checkpoint(self.cfg.resume, self.log_dir, self.log)] if self.master else [None]
-        )
+        chosen = [None]
+        if self.master:
+            chosen = [choose_checkpoint(self.cfg.resume, self.log_dir, self.log)]
         if dist.is_initialized():
             dist.broadcast_object_list(chosen)
         self.resumed_from = chosen[0]
@@ -649,15 +661,27 @@ class Run:
 
     def start_record(self, step, record):
         check_log_dir(self.log_dir, step, self.continues(), self.cfg.resume)
-        code = self.code
-        # the code as read at the start, and any module of this checkout imported since
-        code["sources"].update(read_code(code["sources"]))
-        self.kept = {name: kept_name(name, source) for name, source in code["sources"].items()}
+        for name in ("runs.jsonl", "log.txt"):
+            path = self.log_dir / name
+            if path.exists():
+                self.grown[path] = path.stat().st_size
+            else:
+                self.made.append(path)
+        # the code as read at the start, and any module of this checkout imported since; a
+        # module the checkpoint's run imported late (not imported yet here) as it is on disk now
+        saved = {}
+        if self.ckpt is not None:
+            saved = self.ckpt.get("code") or {}
+        self.sources.update(read_code(self.sources))
+        for name in saved.keys() - self.sources.keys():
+            if (ROOT / name).is_file():
+                self.sources[name] = (ROOT / name).read_bytes()
+        self.kept = {name: kept_name(name, source) for name, source in self.sources.items()}
         # A resume under other code than its checkpoint's (a logging fix mid-run) goes on, said
-        # in one line and recorded with this start's step.
-        saved = self.ckpt.get("code") if self.ckpt is not None else None
+        # in one line and recorded with this start's step. (A checkpoint older than the code's
+        # record: not known.)
         changed = []
-        if saved:  # (a checkpoint older than the code's record: not known)
+        if saved:
             kept = self.kept
             changed = sorted(n for n in kept.keys() | saved.keys() if kept.get(n) != saved.get(n))
         if changed:
@@ -672,7 +696,9 @@ class Run:
         if self.ckpt is not None and not self.continues():
             config = dataclasses.asdict(self.cfg)
             self.ckpt.update(train_config=config, code=self.kept, wandb_id=None)
-            save_checkpoint(self.log_dir / f"model_{step:05d}.pt", self.ckpt)
+            path = self.log_dir / f"model_{step:05d}.pt"
+            self.made.append(path)
+            save_checkpoint(path, self.ckpt)
         if self.cfg.wandb_project:
             import wandb
 
@@ -694,11 +720,55 @@ class Run:
         }
         if changed:
             start["code_changed"] = changed
-        record_run(self.log_dir, start, code)
+        start["code"] = self.keep_code(self.sources)
+        git = self.git
+        if git is not None:
+            diff = self.keep_file("git.diff", git["diff"]) if git["diff"] else None
+            git = {"commit": git["commit"], "diff": diff, "untracked": git["untracked"]}
+        start["git"] = git
+        start["versions"] = {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+        }
+        start["time"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        append_record(self.log_dir, start)
+
+    def keep_file(self, name, data):
+        # data kept once in log_dir's code/ (kept_name), noted as made if this start wrote it
+        kept = kept_name(name, data)
+        path = self.log_dir / kept
+        if not path.exists():
+            if not path.parent.exists():
+                self.made.append(path.parent)
+            self.made.append(path)
+            fineweb.write_atomic(path, lambda f: f.write(data))
+        return kept
+
+    def keep_code(self, sources):
+        # {module: where its source is kept}: every module of the checkout the run imported
+        return {name: self.keep_file(name, data) for name, data in sources.items()}
+
+    def keep_late_code(self, step):
+        # Modules of the checkout first imported since the start (inside the loop, say): kept,
+        # part of the checkpoints' code from here on, and recorded in runs.jsonl as a change of
+        # the run's code at this step (plot.py compares runs by it).
+        added = read_code(self.sources)
+        if not added:
+            return
+        self.sources.update(added)
+        kept = self.keep_code(added)
+        self.kept.update(kept)
+        append_record(self.log_dir, {"step": step, "code_added": kept})
+        self.log(
+            f"note: {', '.join(added)} first imported since the start: kept, as of step {step}"
+        )
 
     def report(self, step, **values):
         # every metric, through one call: the console (rank 0), log.txt and wandb
         self.metrics.report(step, **values)
+        if "train" in values:
+            self.started = True
 
     def stop_requested(self):
         # whether a stop signal has asked this process to stop
@@ -709,9 +779,11 @@ class Run:
         # and wandb id, atomically; then --keep_last's pruning and curves.png (drawn at most
         # once a minute, and at the last). Every rank waits for the file.
         if self.master:
+            self.keep_late_code(step)
             checkpoint.update(code=self.kept, wandb_id=self.wandb_id)
             path = self.log_dir / f"model_{step:05d}.pt"
             save_checkpoint(path, checkpoint)
+            self.started = True
             self.log(f"saved {path}")
             # --keep_last: only this log_dir's older checkpoints go
             keep_last = self.cfg.keep_last
@@ -729,20 +801,25 @@ class Run:
             asked = self.stop.name or "a stop request on another rank"
             self.log(f"{asked}: stopped at step {step}")
         if self.master:
+            self.keep_late_code(step)
             status = "finished" if finished else "stopped"
             self.log(record_result(self.log_dir, status, step, self.device))
         if self.wandb_run is not None:
             self.wandb_run.finish()
 
-    def __exit__(self, *exc):
+    def __exit__(self, kind, error, traceback):
         if self.stop is not None:
             self.stop.__exit__()
         if self.metrics is not None:
             self.metrics.close()
         if self.lock is not None:
             self.lock.close()
-        if self.made and os.listdir(self.log_dir) == [".lock"]:
-            os.remove(self.log_dir / ".lock")
+        if self.corpus_lock is not None:
+            self.corpus_lock.close()
+        # a start that failed: what it wrote goes, what was there is as it was
+        if self.master and kind is not None and not self.started:
+            for path, size in self.grown.items():
+                os.truncate(path, size)
             remove_made(self.made)
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -108,6 +108,8 @@ def main(argv=None):
         # one line, even for a library's multi-line message
         message = " ".join(str(e).split())
         sys.exit(f"hellaswag.py: error: {message}")
+    except KeyboardInterrupt:
+        sys.exit("hellaswag.py: interrupted")
     # a closed stdout (`| head`) ends the printing quietly, as in train_gpt2.py
     scores = f"acc {result['acc']:.4f} acc_norm {result['acc_norm']:.4f}"
     fineweb.say(f"{scores} over {result['n']} examples")

@@ -146,6 +146,8 @@ def main(argv=None):
         # one line, even for a library's multi-line message
         message = " ".join(str(e).split())
         sys.exit(f"sample.py: error: {message}")
+    except KeyboardInterrupt:
+        sys.exit("sample.py: interrupted")
     # a closed stdout (`sample.py | head -1`) ends the printing quietly, as in train_gpt2.py
     for i, text in enumerate(texts):
         fineweb.say(f"sample {i}: {text}")

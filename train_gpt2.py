@@ -670,17 +670,18 @@ class DataLoaderLite:
 
 def get_lr(step, max_lr, min_lr, warmup_steps, decay_steps, time_used=None):
     # Linear warmup to max_lr, cosine decay to min_lr at decay_steps, then constant. A
-    # time-bounded run (--max_minutes) decays over time instead: time_used is the fraction of its
-    # budget spent, and at 1 (its last step) the LR is min_lr, mid-warmup too.
+    # time-bounded run (--max_minutes) decays over whichever ends first, its steps or its time:
+    # time_used is the fraction of its budget spent, and at 1 (its last step) the LR is min_lr,
+    # mid-warmup too.
     if time_used is not None and time_used >= 1:
         return min_lr
     if step < warmup_steps:
         return max_lr * (step + 1) / warmup_steps
-    if time_used is None and step >= decay_steps:
+    if step >= decay_steps:
         return min_lr
-    decay_ratio = time_used
-    if time_used is None:
-        decay_ratio = (step - warmup_steps) / (decay_steps - warmup_steps)
+    decay_ratio = (step - warmup_steps) / (decay_steps - warmup_steps)
+    if time_used is not None:
+        decay_ratio = max(decay_ratio, time_used)
     coeff = 0.5 * (1.0 + math.cos(math.pi * decay_ratio))  # 1 -> 0
     return min_lr + coeff * (max_lr - min_lr)
 
@@ -756,13 +757,13 @@ def evaluate_val_loss(model, val_loader, val_steps, amp=None, stop_requested=Non
     return loss_sum / batches
 
 
-def val_data(cfg, manifest, enc, rank, world_size, device):
+def val_data(data_root, cfg, manifest, enc, rank, world_size, device):
     # (loader, UTF-8 bytes of its scored tokens): the first val_tokens + 1 tokens of the val
     # split (fineweb.py makes it one shard), read in windows of B*T + 1; bits per byte = loss *
     # tokens / (ln 2 * the targets' bytes). (None, 0) without evaluation.
     B = cfg.batch_size
     T = cfg.seq_len
-    val_shard = load_shards(cfg.data_root, "val", manifest)[0]
+    val_shard = load_shards(data_root, "val", manifest)[0]
     if not cfg.eval_interval:
         return None, 0
     if cfg.val_tokens >= len(val_shard):
@@ -844,7 +845,8 @@ def make_checkpoint(cfg, raw_model, optimizers, train_loader, state, data):
     return {
         "model": raw_model.state_dict(),
         "model_config": dataclasses.asdict(raw_model.config),
-        "optimizers": [opt.state_dict() for opt in optimizers],
+        # each optimizer's state with its class: a resume into another optimizer is refused
+        "optimizers": [dict(opt.state_dict(), kind=type(opt).__name__) for opt in optimizers],
         "loader": train_loader.state_dict(),
         "train_config": dataclasses.asdict(cfg),
         "data": data,
@@ -954,6 +956,15 @@ def check_resumable(ckpt, model, optimizers, cfg, data):
             " model edited since?): a new run from its weights: --init_from CHECKPOINT,"
             " in a new --log_dir"
         )
+    # the same parameters, another optimizer (a fork's Lion would take AdamW's moments for its
+    # momentum); a checkpoint before the class was recorded is not known
+    for opt, saved in zip(optimizers, ckpt["optimizers"]):
+        theirs = saved.get("kind")
+        if theirs is not None and theirs != type(opt).__name__:
+            raise ValueError(
+                f"resume: its optimizer state is {theirs}'s, this run's optimizer is"
+                f" {type(opt).__name__} {fix}"
+            )
     if ckpt["data"] != data:
         raise ValueError(f"resume: its data (tokenizer, corpus) differs {fix}")
     if cfg.max_steps < ckpt["step"]:
@@ -1052,23 +1063,25 @@ def train(cfg, log=print):
         T = cfg.seq_len
         grad_accum_steps = micro_steps(cfg, world_size)
 
-        # data: what fineweb.py wrote, each shard checked against its manifest before training
-        # reads it (the processes of a node share the check; each node checks its own copy)
-        manifest = fineweb.load_corpus(cfg.data_root)
+        # data: what fineweb.py wrote, held for the run (fineweb.py changes no corpus a run reads),
+        # each shard checked against its manifest before training reads it (the processes of a
+        # node share the check; each node checks its own copy)
+        data_root = run.hold_corpus(cfg.data_root)
+        manifest = fineweb.load_corpus(data_root)
         if "note" in manifest:
             run.log(f"note: {manifest['note']}")
         enc = fineweb.tokenizer_from_manifest(manifest)
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
         t0 = time.time()
-        verify_shards(cfg.data_root, manifest, enc.n_vocab, local_rank, local_world)
-        shards = len(manifest["shards"])
-        run.log(f"{shards} shards checked against manifest.json ({time.time() - t0:.1f} s)")
+        verify_shards(data_root, manifest, enc.n_vocab, local_rank, local_world)
+        checked = f"{len(manifest['shards'])} shards of {data_root} checked against manifest.json"
+        run.log(f"{checked} ({time.time() - t0:.1f} s)")
         data = {"tokenizer": fineweb.tokenizer_info(enc), "fingerprint": manifest["fingerprint"]}
-        train_shards = load_shards(cfg.data_root, "train", manifest)
+        train_shards = load_shards(data_root, "train", manifest)
         train_loader = DataLoaderLite(
             train_shards, B, T, rank, world_size, cfg.shuffle, cfg.seed, device
         )
-        val_loader, val_bytes = val_data(cfg, manifest, enc, rank, world_size, device)
+        val_loader, val_bytes = val_data(data_root, cfg, manifest, enc, rank, world_size, device)
 
         # the model and its optimizers: the same initial weights on every rank
         if device_type == "cuda":

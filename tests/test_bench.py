@@ -92,6 +92,18 @@ BAD_FLAGS = [
     (["--json", "{tmp}/fifo"], "--json {tmp}/fifo is not a regular file (a FIFO or a device?)"),
     (["--json", "{tmp}/file/out.json"], "--json {tmp}/file/out.json: {tmp}/file is a file, not a"),
     (["--json", "{tmp}/file/a/b.json"], "{tmp}/file is a file, not a directory: name a file in a"),
+    # what bench.py did not write: a file of the user's, a run's record, anything in a run's
+    # log_dir or a corpus
+    (["--json", "{tmp}/file"], "--json {tmp}/file is a file but not bench.py's results"),
+    (
+        ["--json", "{tmp}/run/runs.jsonl"],
+        "--json {tmp}/run/runs.jsonl is inside the run in {tmp}/run",
+    ),
+    (["--json", "{tmp}/run/new.json"], "--json {tmp}/run/new.json is inside the run in {tmp}/run"),
+    (
+        ["--json", "{tmp}/corpus/b.json"],
+        "--json {tmp}/corpus/b.json is inside the corpus {tmp}/corpus",
+    ),
 ]
 if not torch.cuda.is_available():
     BAD_FLAGS.append((["--device", "cuda"], "--device cuda: this torch sees no CUDA GPU"))
@@ -99,14 +111,25 @@ if not torch.cuda.is_available():
 
 @pytest.mark.parametrize("flags, message", BAD_FLAGS, ids=[" ".join(f) for f, _ in BAD_FLAGS])
 def test_a_bad_flag_is_one_line(flags, message, capsys, tmp_path):
-    # what --json may name: a FIFO, and a path through a file
+    # what --json may name: a FIFO, a path through a file, a file, a run's log_dir, a corpus
     os.mkfifo(tmp_path / "fifo")
     (tmp_path / "file").write_text("keep me")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "runs.jsonl").write_text("{}\n")
+    (tmp_path / "corpus" / ".fineweb").mkdir(parents=True)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
     code, err = run_main(bench.main, [f.format(tmp=tmp_path) for f in flags], capsys)
     one_line_error(code, err, "bench.py", message.format(tmp=tmp_path))
     assert capsys.readouterr().out == ""
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "file"]
-    assert (tmp_path / "file").read_text() == "keep me"
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus", "fifo", "file", "run"]
+
+
+def test_only_benchs_own_results_are_replaced(tmp_path):
+    (tmp_path / "old.json").write_text(json.dumps({"rows": [], "environment": {}}))
+    (tmp_path / "other.json").write_text(json.dumps({"rows": []}))
+    assert bench.is_results(tmp_path / "old.json")
+    assert not bench.is_results(tmp_path / "other.json")
 
 
 def test_a_json_that_cannot_be_written_loses_no_results(tmp_path, capsys, monkeypatch):

@@ -112,7 +112,8 @@ def nudged(trained):
 
 @pytest.fixture(scope="module")
 def exported(nudged):
-    return export_hf.export_hf(nudged, nudged.parent / "hf")
+    # (beside the run's log_dir: no program writes into another's)
+    return export_hf.export_hf(nudged, nudged.parent.parent / "hf")
 
 
 @pytest.fixture(scope="module")

@@ -91,9 +91,10 @@ def read_corpus(out_dir):
 
 
 def files_of(directory):
-    """{relative path: bytes} of every file under directory but the lock."""
+    """{relative path: bytes} of every file under directory but the locks (empty files)."""
     root = Path(directory)
-    paths = [p for p in root.rglob("*") if p.is_file() and p.name != ".lock"]
+    locks = (".lock", ".readers.lock")
+    paths = [p for p in root.rglob("*") if p.is_file() and p.name not in locks]
     return {str(p.relative_to(root)): p.read_bytes() for p in paths}
 
 
@@ -733,7 +734,7 @@ def test_a_failed_write_names_its_file_and_a_failed_stdout_ends_only_the_printin
     a = write_jsonl(tmp_path / "a.jsonl", make_docs(5))
     out = tmp_path / "a.jsonl" / "out"  # its directory cannot be made
     message = main_error(fineweb.main, ["--local", a, "--out_dir", out])
-    assert message.startswith(f"fineweb.py: error: cannot write {out}: [Errno 20] Not a directory")
+    assert message == f"fineweb.py: error: cannot write {out}: Not a directory"
     # stdout a pipe nobody reads any more
     read, write = os.pipe()
     os.close(read)
@@ -1164,6 +1165,92 @@ def test_hub_download_dir_offline_and_its_errors(tmp_path, parquets):
     args = [*repo[:2], "--files", "*.txt", "--download_dir", download, "--out_dir", out]
     message = main_error(fineweb.main, args)
     assert message == "fineweb.py: error: no files of someone/corpus match '*.txt'"
+
+
+# -----------------------------------------------------------------------------
+# What another program made, and what a training run reads
+
+
+@pytest.mark.parametrize("how", ["by name", "through a link", "by a hard link"])
+def test_one_input_given_twice_is_refused(tmp_path, how):
+    # its text would be in the corpus twice: the val split's first tokens in the train split too
+    a = write_txt(tmp_path / "a.txt", make_docs(20))
+    again = a
+    if how == "through a link":
+        again = tmp_path / "b.txt"
+        again.symlink_to(a)
+    elif how == "by a hard link":
+        again = tmp_path / "b.txt"
+        os.link(a, again)
+    message = main_error(fineweb.main, ["--local", a, again, "--out_dir", tmp_path / "out"])
+    same = "is given twice" if again == a else f"and {a} are the same file"
+    assert message == f"fineweb.py: error: {again} {same}: give each input once"
+    assert not (tmp_path / "out").exists()
+
+
+def test_out_of_memory_says_which_input_and_what_to_do(tmp_path, monkeypatch):
+    # a worker (forked from this process: it has the patch) out of memory on a huge document
+    def out_of_memory(vocab, doc):
+        raise MemoryError()
+
+    monkeypatch.setattr(fineweb, "encode_document", out_of_memory)
+    a = write_txt(tmp_path / "a.txt", make_docs(5))
+    message = main_error(fineweb.main, ["--local", a, "--out_dir", tmp_path / "out"])
+    size = a.stat().st_size
+    assert message.startswith(
+        f"fineweb.py: error: {a}: out of memory tokenising bytes 0 to {size:,}"
+    )
+    assert "fewer --workers" in message and "cut a document that large" in message
+
+
+# where --out_dir may not be: a run's log_dir or a place inside one, a place inside a corpus, a
+# directory holding files that are not fineweb.py's
+OUT_DIRS = [
+    ("run", "--out_dir {tmp}/run is a training run's log_dir: pick another"),
+    ("run/data", "--out_dir {tmp}/run/data is inside the run in {tmp}/run: pick a directory"),
+    ("corpus/sub", "--out_dir {tmp}/corpus/sub is inside the corpus {tmp}/corpus: pick a"),
+    ("notes", "{tmp}/notes holds files that are not fineweb.py's; pick another --out_dir"),
+]
+
+
+@pytest.mark.parametrize("out, message", OUT_DIRS, ids=[c[0] for c in OUT_DIRS])
+def test_out_dir_is_fineweb_pys_own(tmp_path, out, message):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "runs.jsonl").write_text("{}\n")
+    (tmp_path / "corpus" / ".fineweb").mkdir(parents=True)
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("mine")
+    before = sorted(tmp_path.rglob("*"))
+    a = write_txt(tmp_path / "a.txt", make_docs(5))
+    error = main_error(fineweb.main, ["--local", a, "--out_dir", tmp_path / out])
+    assert error.startswith(f"fineweb.py: error: {message.format(tmp=tmp_path)}")
+    assert sorted(tmp_path.rglob("*")) == sorted(before + [a])
+
+
+def test_a_corpus_a_training_run_reads_is_not_changed(tmp_path, finished):
+    # A run holds its corpus's readers' lock shared (here this test's, as a run takes it):
+    # --overwrite, or a rerun that would make a damaged file again, is refused and changes
+    # nothing; once the run has ended, both go through.
+    out = tmp_path / "out"
+    shutil.copytree(finished, out)
+    source = fineweb.load_corpus(out)["sources"][0]
+    args = ["--local", source, "--out_dir", out, "--shard_size", 1000, "--workers", 1]
+    shard_of(out, 1).write_bytes(b"damaged")
+    before = files_of(out)
+    reading = fineweb.take_lock(out / fineweb.READERS, shared=True)
+    for extra in [["--overwrite"], []]:
+        message = main_error(fineweb.main, args + extra)
+        assert message == (
+            f"fineweb.py: error: a training run is reading {out} (it holds"
+            f" {out / fineweb.READERS}): run this again once that run has ended, or write"
+            " another --out_dir"
+        )
+        assert files_of(out) == before
+    reading.close()
+    run_main(*args)
+    assert files_of(out) == files_of(finished)
+    run_main(*args, "--overwrite")
+    assert files_of(out) == files_of(finished)
 
 
 # -----------------------------------------------------------------------------

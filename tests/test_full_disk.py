@@ -67,6 +67,15 @@ def test_trainer_on_a_full_disk(tmp_path, small_corpus, capsys, limit, name):
     cannot_write(train_gpt2.main, args, limit, capsys, "train_gpt2.py", log_dir / name)
     assert leftovers(tmp_path) == []
     assert list(log_dir.glob("model_*")) == []
+    # a start that failed leaves nothing it made: the same command with room starts clean; a
+    # run that failed at its first checkpoint, after its steps, keeps its log and goes on with
+    # --resume auto
+    if name == "code/":
+        assert not log_dir.exists()
+    else:
+        args += ["--resume", "auto"]
+    train_gpt2.main(args)
+    assert [p.name for p in log_dir.glob("model_*")] == ["model_00002.pt"]
 
 
 @pytest.mark.parametrize("name", ["log.txt", "runs.jsonl"])

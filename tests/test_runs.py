@@ -24,6 +24,7 @@ from conftest import (
     child_env,
     finish,
     read_log,
+    run_program,
     start,
     tiny_flags,
     torchrun,
@@ -136,9 +137,10 @@ def test_a_run_keeps_the_code_it_read_at_its_start_of_every_module_it_imported(
     assert "mymodule" in text and "train_gpt2" in text
 
 
-def test_the_code_read_is_the_checkouts_own_modules_by_their_real_paths(tmp_path, monkeypatch):
-    # a checkout holding a package, a virtual environment and a link to a file outside it; a
-    # link outside it to its package; modules imported through each, and one made in memory
+def test_the_code_read_is_every_module_of_the_checkout_as_imported(tmp_path, monkeypatch):
+    # a checkout holding a package, a virtual environment and a link to a file outside it (kept:
+    # it is imported as the checkout's); a link outside it to its package; modules imported
+    # through each, and one made in memory
     checkout = tmp_path / "checkout"
     (checkout / "mylib").mkdir(parents=True)
     (checkout / "mylib" / "attn.py").write_text("A = 1\n")
@@ -163,8 +165,80 @@ def test_the_code_read_is_the_checkouts_own_modules_by_their_real_paths(tmp_path
         module.__file__ = str(file)
         monkeypatch.setitem(sys.modules, name, module)
 
-    assert harness.read_code() == {"mylib/attn.py": b"A = 1\n", "train_gpt2.py": b"B = 2\n"}
-    assert list(harness.read_code(known={"train_gpt2.py"})) == ["mylib/attn.py"]
+    found = harness.read_code()
+    assert found == {
+        "mylib/attn.py": b"A = 1\n",
+        "other.py": b"D = 4\n",
+        "train_gpt2.py": b"B = 2\n",
+    }
+    assert list(harness.read_code(known={"train_gpt2.py", "other.py"})) == ["mylib/attn.py"]
+
+
+# A launcher that imports a module of the checkout that is a link to a file outside it, and
+# imports another one first inside the loop (at the second val), both scaling the val loss.
+LATE_DRIVER = """
+import sys
+
+import linked
+import train_gpt2
+
+evaluate = train_gpt2.evaluate_val_loss
+calls = []
+
+
+def evaluate_then_import(*args):
+    calls.append(1)
+    loss = evaluate(*args)
+    if len(calls) >= 2 and loss is not None:
+        import late
+
+        loss = loss * late.SCALE * linked.SCALE
+    return loss
+
+
+train_gpt2.evaluate_val_loss = evaluate_then_import
+train_gpt2.main(sys.argv[1:])
+"""
+
+
+def test_modules_through_links_and_imported_late_are_code_that_ran(small_corpus, tmp_path):
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    for name in ["train_gpt2.py", "harness.py", "fineweb.py", "hellaswag_eval.py", "plot.py"]:
+        shutil.copy(ROOT / name, checkout)
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "linked.py").write_text("SCALE = 1.0\n")
+    (checkout / "linked.py").symlink_to(tmp_path / "outside" / "linked.py")
+    (checkout / "late.py").write_text("SCALE = 1.0\n")
+    (checkout / "driver.py").write_text(LATE_DRIVER)
+    driver = [sys.executable, checkout / "driver.py"]
+    log_dir = tmp_path / "run"
+    args = tiny_flags(small_corpus, log_dir, max_steps=4, eval_interval=2, ckpt_interval=2)
+    returncode, _, err = finish(start(driver, args, cwd=checkout))
+    assert returncode == 0, err
+
+    # the linked module kept with its source at the start, the late one at the checkpoint of
+    # the step that first imported it, both in the checkpoints' record of the code
+    lines = [json.loads(line) for line in (log_dir / "runs.jsonl").read_text().splitlines()]
+    code = lines[0]["code"]
+    assert (log_dir / code["linked.py"]).read_text() == "SCALE = 1.0\n"
+    assert "late.py" not in code
+    [added] = [line for line in lines if "code_added" in line]
+    assert added["step"] == 2 and list(added["code_added"]) == ["late.py"]
+    assert (log_dir / added["code_added"]["late.py"]).read_text() == "SCALE = 1.0\n"
+    kept = torch.load(log_dir / "model_00002.pt", weights_only=True)["code"]
+    assert {"linked.py", "late.py"} <= kept.keys()
+
+    # both changed before a resume: it says so, though neither is imported yet when it starts
+    (tmp_path / "outside" / "linked.py").write_text("SCALE = 2.0\n")
+    (checkout / "late.py").write_text("SCALE = 3.0\n")
+    (log_dir / "model_00004.pt").unlink()
+    proc = start(driver, args + ["--resume", "auto"], cwd=checkout)
+    returncode, out, err = finish(proc)
+    assert returncode == 0, err
+    assert "note: the code differs from" in out and "(late.py, linked.py)" in out
+    starts, _ = records(log_dir)
+    assert starts[-1]["code_changed"] == ["late.py", "linked.py"]
 
 
 def test_a_resume_under_other_code_goes_on_and_records_the_step(small_corpus, tmp_path):
@@ -328,6 +402,155 @@ def test_a_branch_stopped_or_killed_before_its_first_checkpoint_continues_as_a_b
         _, lines = train(small_corpus, tmp_path / name, max_steps=8, resume="auto")
         assert f"resumed from {tmp_path / name / 'model_00002.pt'} at step 2" in lines
     assert read_log(tmp_path / "b")["val"][8] == read_log(tmp_path / "c")["val"][8]
+
+
+def test_a_log_dir_link_moved_during_a_run_changes_where_nothing_goes(small_corpus, tmp_path):
+    # --log_dir runs/latest, a link to run12; during the run the link moves to run13 (a finished
+    # run), as a "latest" pointer moves before the next experiment: every write stays in run12
+    runs = tmp_path / "runs"
+    train(small_corpus, runs / "run13", max_steps=2)
+    finished = {p: p.read_bytes() for p in (runs / "run13").rglob("*") if p.is_file()}
+    (runs / "run12").mkdir()
+    (runs / "latest").symlink_to("run12")
+    args = tiny_flags(small_corpus, runs / "latest", max_steps=40, ckpt_interval=2)
+    proc = start("train_gpt2.py", args)
+    wait_for(lambda: (runs / "run12" / "model_00002.pt").exists(), proc)
+    (runs / "moved").symlink_to("run13")
+    os.replace(runs / "moved", runs / "latest")
+    returncode, _, err = finish(proc)
+    assert returncode == 0, err
+    assert {p: p.read_bytes() for p in (runs / "run13").rglob("*") if p.is_file()} == finished
+    assert max(s for s, _ in harness.find_checkpoints(runs / "run12")) == 40
+    _, [result] = records(runs / "run12")
+    assert result["status"] == "finished" and result["steps"] == 40
+
+
+def copy_corpus(corpus, to):
+    shutil.copytree(corpus, to)
+    for lock in (".lock", fineweb.READERS):
+        (to / lock).unlink(missing_ok=True)
+    return to
+
+
+def logged(log_dir, kind):
+    """{step: value} of kind in log_dir/log.txt so far ({} before it exists)."""
+    if not (Path(log_dir) / "log.txt").exists():
+        return {}
+    return read_log(log_dir).get(kind, {})
+
+
+def val_until(args, log_dir, step):
+    """train_gpt2.py ARGS as a real process, stopped (SIGTERM) once it has logged val at step."""
+    proc = start("train_gpt2.py", args)
+    wait_for(lambda: step in logged(log_dir, "val"), proc)
+    proc.send_signal(signal.SIGTERM)
+    assert finish(proc)[0] == 0
+    return {s: v for s, v in logged(log_dir, "val").items() if s <= step}
+
+
+def test_a_corpus_is_not_remade_under_a_run_and_a_data_root_link_moved_changes_nothing(
+    small_corpus, char_corpus, tmp_path
+):
+    # A run on a --data_root link to corpus a; during it, fineweb.py --overwrite of a with other
+    # text is refused (the run holds a) and the link moves to corpus b: the run reads a, as a
+    # run that nothing disturbed does.
+    a = copy_corpus(small_corpus, tmp_path / "a")
+    copy_corpus(char_corpus, tmp_path / "b")
+    (tmp_path / "data").symlink_to("a")
+    flags = dict(max_steps=10**5, ckpt_interval=0, eval_interval=5)
+    run = tmp_path / "run"
+    proc = start("train_gpt2.py", tiny_flags(tmp_path / "data", run, **flags))
+    wait_for(lambda: logged(run, "train"), proc)
+    other = tmp_path / "other.txt"
+    other.write_text("Other text entirely, of the same alphabet.\n" * 200)
+    remake = ["--local", other, "--tokenizer", "char", "--out_dir", a, "--overwrite"]
+    remade = run_program("fineweb.py", remake)
+    (tmp_path / "moved").symlink_to("b")
+    os.replace(tmp_path / "moved", tmp_path / "data")
+    # val scored 10 steps after the move and more
+    moved_at = max(logged(run, "train"))
+    last = (moved_at // 5 + 3) * 5
+    wait_for(lambda: last in logged(run, "val"), proc)
+    proc.send_signal(signal.SIGTERM)
+    assert finish(proc)[0] == 0
+    assert remade.returncode == 1
+    assert f"a training run is reading {a}" in remade.stderr
+    assert fineweb.load_corpus(a)["fingerprint"] == fineweb.load_corpus(small_corpus)["fingerprint"]
+    val = {s: v for s, v in logged(run, "val").items() if s <= last}
+    assert val == val_until(tiny_flags(a, tmp_path / "alone", **flags), tmp_path / "alone", last)
+    # and once the run has ended, the remake goes through
+    assert run_program("fineweb.py", remake).returncode == 0
+
+
+def test_a_run_does_not_start_on_a_corpus_fineweb_is_changing(small_corpus, tmp_path):
+    corpus = copy_corpus(small_corpus, tmp_path / "data")
+    changing = fineweb.take_lock(corpus / fineweb.READERS)
+    with pytest.raises(ValueError, match=f"fineweb.py is changing {corpus} .*: run again once"):
+        train(corpus, tmp_path / "run", max_steps=2)
+    changing.close()
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_log_dir_inside_a_corpus_is_refused(small_corpus, tmp_path):
+    corpus = copy_corpus(small_corpus, tmp_path / "data")
+    with pytest.raises(ValueError, match=f"--log_dir {corpus / 'log'} is in the corpus {corpus}"):
+        train(corpus, corpus / "log", max_steps=2)
+    assert not (corpus / "log").exists()
+
+
+def test_a_start_that_fails_leaves_nothing_it_made(small_corpus, tmp_path, monkeypatch):
+    # out of memory in the first step: the log_dir it made goes, and the same command with a
+    # smaller batch starts clean; in a log_dir with a run that a resume goes on from, only what
+    # this start added goes
+    train(small_corpus, tmp_path / "old", max_steps=2, ckpt_interval=2)
+    before = {p: p.read_bytes() for p in (tmp_path / "old").rglob("*") if p.is_file()}
+    forward = train_gpt2.GPT.forward
+
+    def forward_then_out_of_memory(self, idx, *args, **kwargs):
+        if self.training:
+            raise RuntimeError("CPU out of memory: can't allocate memory")
+        return forward(self, idx, *args, **kwargs)
+
+    monkeypatch.setattr(train_gpt2.GPT, "forward", forward_then_out_of_memory)
+    with pytest.raises(RuntimeError):
+        train(small_corpus, tmp_path / "new", max_steps=2)
+    assert not (tmp_path / "new").exists()
+    with pytest.raises(RuntimeError):
+        train(small_corpus, tmp_path / "old", max_steps=4, ckpt_interval=2, resume="auto")
+    after = {p: p.read_bytes() for p in (tmp_path / "old").rglob("*") if p.is_file()}
+    assert after == before
+    monkeypatch.undo()
+    result, _ = train(small_corpus, tmp_path / "new", max_steps=2)
+    assert result["step"] == 2
+
+
+def test_a_budget_longer_than_the_run_ends_at_min_lr(small_corpus, tmp_path):
+    # 1,000 minutes for 12 steps: the schedule decays by the steps, which end first
+    train(small_corpus, tmp_path / "budget", max_steps=12, max_minutes=1000)
+    train(small_corpus, tmp_path / "steps", max_steps=12)
+    lr = read_log(tmp_path / "budget")["lr"]
+    assert lr == read_log(tmp_path / "steps")["lr"]
+    assert lr[11] == pytest.approx(train_gpt2.get_lr(11, 3e-3, 3e-4, 3, 12), rel=1e-5)
+    assert lr[11] < 3e-3 / 2
+
+
+def test_a_resume_into_another_optimizer_is_refused(small_corpus, tmp_path, capsys):
+    # a fork that swapped AdamW for its own Lion (the same parameters and groups)
+    train(small_corpus, tmp_path / "run", max_steps=2)
+    source = (ROOT / "train_gpt2.py").read_text()
+    adamw = "        adamw = torch.optim.AdamW("
+    assert adamw in source
+    lion = "class Lion(torch.optim.AdamW):\n    pass\n\n\nclass KVCache:"
+    source = source.replace("class KVCache:", lion, 1)
+    fork = tmp_path / "my_train.py"
+    fork.write_text(source.replace(adamw, "        adamw = Lion(", 1))
+    args = tiny_flags(small_corpus, tmp_path / "run", max_steps=4, resume="auto")
+    proc = run_program([sys.executable, fork], args, env=child_env(PYTHONPATH=str(ROOT)))
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == (
+        "my_train.py: error: resume: its optimizer state is AdamW's, this run's optimizer is"
+        " Lion (a new run from its weights: --init_from)"
+    )
 
 
 def test_stop_signals_once_the_run_is_done_leave_exit_status_0(small_corpus, tmp_path):
