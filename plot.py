@@ -159,9 +159,12 @@ def start_record(record):
     field of another type (a null model, a list for data) is None, not recorded.
 
     code: {module's relpath: its kept path} (an older record's str is train_gpt2.py's: older_code
-    says so); git: {commit, diff} (diff None: a clean checkout)."""
+    says so); git: {commit, diff} (diff None: a clean checkout). older: the record has no code or
+    an older record's str, so its trainer wrote no result records (a run's end is not recorded).
+    added: False (a process start; code_added's are True)."""
     code = record.get("code")
     older_code = isinstance(code, str)
+    older = older_code or "code" not in record
     if older_code:
         code = {"train_gpt2.py": code}
     if not isinstance(code, dict) or strings([*code, *code.values()]) is None:
@@ -180,33 +183,105 @@ def start_record(record):
         "data": field(record, "data", dict),
         "code": code,
         "older_code": older_code,
+        "older": older,
         "git": git,
         "code_changed": strings(record.get("code_changed")),
+        "added": False,
     }
 
 
-def read_history(log_dir):
-    """The start records (start_record's) of the run in log_dir, in order: a start at step s drops
-    those at or after s (a resume to an earlier checkpoint), as read_log does. Result records and
-    lines that are neither (torn by a kill) are passed over. [] without runs.jsonl."""
+def code_added(start, record):
+    """The start a code_added record makes of the one before it (start): its code from the record's
+    step on is start's plus the modules the run imported since, which are its code_changed. Where
+    the record is not readable the code is not recorded (None): never taken for the same code."""
+    added = record["code_added"]
+    code = None
+    changed = None
+    if isinstance(added, dict) and strings([*added, *added.values()]) is not None:
+        changed = sorted(added)
+        if start["code"] is not None:
+            code = {**start["code"], **added}
+    step = field(record, "step", int)
+    return {**start, "step": step, "code": code, "code_changed": changed, "added": True}
+
+
+def read_records(log_dir):
+    """The lines of log_dir/runs.jsonl that are JSON objects, in order; lines torn by a kill or
+    nested deeper than json reads are passed over. [] without runs.jsonl."""
     path = Path(log_dir) / "runs.jsonl"
     # is_file: reading a FIFO would hang
     if not path.is_file():
         return []
-    starts = []
+    records = []
     for line in path.read_text(errors="replace").splitlines():
         # (RecursionError: a line nested deeper than json reads)
         try:
             record = json.loads(line)
         except (ValueError, RecursionError):
             continue
-        if not isinstance(record, dict) or "result" in record or "config" not in record:
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
+def is_start(record):
+    """Whether a line of runs.jsonl is a process start (not a result or code_added line)."""
+    return "config" in record and "result" not in record and "code_added" not in record
+
+
+def superseded(start, step):
+    """Whether a start at step (a resume to an earlier checkpoint) drops start from the history:
+    a start at or after step does, as read_log drops the steps; a code_added one at step itself
+    stays (its modules ran before that step)."""
+    if start["step"] is None:
+        return False
+    if start["added"]:
+        return start["step"] > step
+    return start["step"] >= step
+
+
+def history_of(records):
+    """The starts (start_record's) of a run's records, in order: a start at step s drops those
+    superseded there; a code_added line after a start adds one (code_added's) at its step. Result
+    records and lines that are neither are passed over."""
+    starts = []
+    for record in records:
+        if "code_added" in record and starts:
+            starts.append(code_added(starts[-1], record))
+            continue
+        if not is_start(record):
             continue
         start = start_record(record)
         if start["step"] is not None:
-            starts = [s for s in starts if s["step"] is None or s["step"] < start["step"]]
+            starts = [s for s in starts if not superseded(s, start["step"])]
         starts.append(start)
     return starts
+
+
+def result_of(records):
+    """The result record after the last start of a run's records as {status, steps, tokens, time}
+    (a field of another type None), or None when the last start has none after it: the run is
+    still training, or was killed."""
+    result = None
+    for record in records:
+        if is_start(record):
+            result = None
+        if "result" not in record:
+            continue
+        found = record["result"]
+        if not isinstance(found, dict):
+            found = {}
+        result = {
+            "status": field(found, "status", str),
+            "steps": field(found, "steps", int),
+            "tokens": field(found, "tokens", int),
+        }
+    return result
+
+
+def read_history(log_dir):
+    """The start records of the run in log_dir (history_of's), [] without runs.jsonl."""
+    return history_of(read_records(log_dir))
 
 
 def last_run(log_dir):
@@ -337,14 +412,17 @@ class Run:
     history: list  # its start records in runs.jsonl, as read_history returns them
     record: dict | None  # the last of them (None: not recorded)
     tokens_per_step: int | None  # its total_batch_size (None: not recorded)
-    seed: int | None
+    seed: int | None  # its config's seed when an int (never a bool), else None: not paired
+    result: dict | None  # the result after its last start, as result_of reads it
+    older: bool  # no start, or a start older than result records: its end is not recorded
 
 
 def read_run(log_dir, warn=None):
     """A run's metrics and its records in runs.jsonl."""
     log_dir = Path(log_dir)
     series = read_metrics(log_dir, warn)
-    history = read_history(log_dir)
+    records = read_records(log_dir)
+    history = history_of(records)
     record = history[-1] if history else None
     config = record["config"] if record and record["config"] is not None else {}
     tokens_per_step = field(config, "total_batch_size", int)
@@ -353,8 +431,17 @@ def read_run(log_dir, warn=None):
     # (an older log: no tokens kind)
     if tokens_per_step is None and "tokens" not in series and warn is not None:
         warn(f"{log_dir}: no total_batch_size in its runs.jsonl: drawn against steps only")
-    seed = field(config, "seed", int)
-    return Run(str(log_dir), log_dir, series, history, record, tokens_per_step, seed)
+    return Run(
+        name=str(log_dir),
+        log_dir=log_dir,
+        series=series,
+        history=history,
+        record=record,
+        tokens_per_step=tokens_per_step,
+        seed=field(config, "seed", int),
+        result=result_of(records),
+        older=record is None or record["older"],
+    )
 
 
 def points(run, kind, axis):
@@ -499,9 +586,10 @@ def summary(arm, kind):
 
 
 def code_changes(run):
-    """[{step, modules}] for each start of run's history under other code than its checkpoint's: the
+    """[{step, modules}] for each start of run's history under other code than its checkpoint's (the
     trainer's code_changed, or for an older record, the modules whose kept source differs from the
-    previous start's."""
+    previous start's), and for each code_added record, the modules the run imported after its
+    start (at the step they were first seen)."""
     changes = []
     for i, record in enumerate(run.history):
         modules = record["code_changed"]
@@ -513,6 +601,22 @@ def code_changes(run):
         if modules:
             changes.append({"step": record["step"], "modules": modules})
     return changes
+
+
+def code_states(run):
+    """The code run ran over its history: [[step, {module: sha256 of its source}]], a state for
+    each start whose code differs from the one before (the first's step None: where a run starts
+    does not change it); None when some of it is not recorded or its kept file is gone."""
+    states = []
+    for record in run.history:
+        sources = code_sources(run, record)
+        if sources is None:
+            return None
+        if states and states[-1][1] == sources:
+            continue
+        step = record["step"] if states else None
+        states.append([step, sources])
+    return states
 
 
 # -----------------------------------------------------------------------------
@@ -929,12 +1033,34 @@ def code_differences(first, run):
             found += difflib.unified_diff(before, after, str(paths[0]), str(paths[1]), lineterm="")
     if found:
         lines += ["code differs:", *found]
+    elif older and not unread:
+        lines.append("same train_gpt2.py (an older record keeps no other module)")
     elif not unread:
-        lines.append(
-            "same train_gpt2.py (an older record keeps no other module)" if older else "same code"
-        )
+        # the same code at the runs' ends is not the same code throughout: a run resumed under
+        # other code, or one that imported a module after its start, ran other code before
+        lines += history_differences(first, run)
     lines += unread
     lines += git_differences(first, run)
+    return lines
+
+
+def history_differences(first, run):
+    """["same code"] when the two runs ran the same sources of every module over their whole
+    histories; else lines that say where they differ (each code change of each run), or that a
+    start's code is not recorded (not known to be the same)."""
+    states = [code_states(first), code_states(run)]
+    unknown = [r.name for r, state in zip((first, run), states) if state is None]
+    if unknown:
+        names = " and ".join(unknown)
+        return [f"code not known to be the same: a start of {names} has no code recorded or kept"]
+    if states[0] == states[1]:
+        return ["same code"]
+    lines = ["code differs before the runs' ends (the same at their ends):"]
+    for r in (first, run):
+        for changed in code_changes(r):
+            lines.append(
+                f"{r.name}: code changed at step {changed['step']}: {', '.join(changed['modules'])}"
+            )
     return lines
 
 

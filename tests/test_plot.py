@@ -972,3 +972,65 @@ def test_cli_compares_runs_and_never_loads_pyplot(tmp_path):
     )
     child = run_program([sys.executable, "-c", code], [base])
     assert child.stdout == "False False\n", child.stderr
+
+
+# ----------------------------------------------------------------------------------------------
+# issue 49: what a run ran, over its whole history
+
+
+def add_code(log_dir: Path, step: int, sources: dict):
+    """A code_added line as the trainer appends it: modules the run imported after its start, first
+    seen at step (a checkpoint's or the end's), kept under code/."""
+    added = {relpath: keep(log_dir, relpath, text) for relpath, text in sources.items()}
+    with open(log_dir / "runs.jsonl", "a") as f:
+        f.write(json.dumps({"step": step, "code_added": added}) + "\n")
+
+
+def test_a_module_imported_after_the_start_is_the_runs_code_from_that_step(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.chdir(tmp_path)
+    # four runs of one config: a and b import mylib/attn.py at step 5 (a lazy import of a
+    # researcher's module), c imports another version of it, d never does
+    attn = "def attention(q, k, v):\n    return q\n"
+    edited = attn.replace("return q", "return k")
+    for name, seed, source in (("a", 1, attn), ("b", 2, attn), ("c", 3, edited), ("d", 4, None)):
+        run = write_run(tmp_path, name, seed)
+        if source is not None:
+            add_code(run, 5, {"mylib/attn.py": source})
+    result = json_of(["a", "b", "c", "d"], capsys)
+    assert arms_of(result) == {"a": ["a", "b"], "c": ["c"], "d": ["d"]}
+    assert result["arms"][0]["code_changes"] == [{"step": 5, "modules": ["mylib/attn.py"]}]
+    c, d = result["arms"][1:]
+    assert "code differs:" in c["vs_baseline"] and "-    return q" in c["vs_baseline"]
+    assert "+    return k" in c["vs_baseline"]
+    assert "mylib/attn.py: imported by a only" in d["vs_baseline"]
+    out = report_of(["a", "b", "c", "d"], capsys)
+    assert "\ncode changed at step 5: mylib/attn.py\n" in out
+    assert "same code" not in out
+
+
+def test_same_code_means_over_the_whole_history(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    edited = {**SOURCES, "train_gpt2.py": SOURCES["train_gpt2.py"].replace("12\n", "6\n", 1)}
+    write_run(tmp_path, "base", 1)
+    # started under other code, resumed at step 5 under the baseline's: the same code at the end
+    back = write_run(tmp_path, "back", 2, sources=edited, max_lr=1e-3)
+    write_start(back, 2, step=5, resume="auto", max_lr=1e-3)
+    # an older resume without code: what ran before step 5 is not known
+    unknown = write_run(tmp_path, "unknown", 3, max_lr=3e-4)
+    lines = (unknown / "runs.jsonl").read_text().splitlines()
+    first = json.loads(lines[0])
+    del first["code"]
+    (unknown / "runs.jsonl").write_text(json.dumps(first) + "\n" + "\n".join(lines[1:]) + "\n")
+    write_start(unknown, 3, step=5, resume="auto", max_lr=3e-4)
+    runs = {name: plot.read_run(name) for name in ("base", "back", "unknown")}
+    back_lines = plot.differences(runs["base"], runs["back"])
+    assert "same code" not in back_lines
+    assert "code differs before the runs' ends (the same at their ends):" in back_lines
+    assert "back: code changed at step 5: train_gpt2.py" in back_lines
+    unknown_lines = plot.differences(runs["base"], runs["unknown"])
+    assert "same code" not in unknown_lines
+    assert any(line.startswith("code not known to be the same: ") for line in unknown_lines)
+    out = report_of(["base", "back", "unknown"], capsys)
+    assert "same code" not in out
