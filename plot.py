@@ -482,7 +482,11 @@ def compared_kinds(runs):
 @dataclasses.dataclass
 class Arm:
     name: str  # its first run's name
-    runs: list
+    given: list  # its runs, in the order given
+    runs: list = dataclasses.field(default_factory=list)  # those counted: its seeds (count_runs)
+    left_out: list = dataclasses.field(default_factory=list)  # [(run, why)] of the others
+    end: dict | None = None  # where its finished runs ended: {steps, tokens, max_minutes}
+    notes: list = dataclasses.field(default_factory=list)  # lines the report prints under it
 
 
 def settings(record):
@@ -544,17 +548,157 @@ def arm_key(run):
 
 
 def group_arms(runs):
-    """runs as arms: those of equal arm_key together, in the order of their first runs."""
+    """runs as arms: those of equal arm_key together, in the order of their first runs, each
+    arm's seeds counted (count_runs)."""
     arms = []
     keys = []
     for run in runs:
         key = arm_key(run)
         if key is not None and key in keys:
-            arms[keys.index(key)].runs.append(run)
+            arms[keys.index(key)].given.append(run)
             continue
         keys.append(key)
         arms.append(Arm(run.name, [run]))
+    for arm in arms:
+        count_runs(arm)
     return arms
+
+
+def last_start(run):
+    """The step of run's last process start (code_added's aside), or None."""
+    starts = [record for record in run.history if not record["added"]]
+    if not starts:
+        return None
+    return starts[-1]["step"]
+
+
+def unfinished(run):
+    """Why run is not a finished seed, from the result after its last start: stopped, not readable,
+    or none (still training, or killed); None when it finished, or when its records are older than
+    result records (its end is not recorded: a note says so)."""
+    if run.older:
+        return None
+    result = run.result
+    if result is None:
+        start = last_start(run)
+        where = "its last start" if start is None else f"its start at step {start}"
+        return f"no result after {where}: still training, or killed"
+    steps = "?" if result["steps"] is None else result["steps"]
+    if result["status"] == "stopped":
+        max_steps = field(run.record["config"] or {}, "max_steps", int)
+        of = "" if max_steps is None else f" of {max_steps}"
+        return f"stopped at step {steps}{of}"
+    if result["status"] != "finished" or result["steps"] is None:
+        return "its result record is not readable"
+    return None
+
+
+def end_of(run):
+    """Where a finished run ended: {steps, tokens, max_minutes}. A time-bounded run (max_minutes >
+    0) that spent its budget before max_steps ended at the budget's end (its step is the machine's
+    pace: not compared); any other at its step and tokens."""
+    config = run.record["config"] or {}
+    minutes = config.get("max_minutes")
+    max_steps = field(config, "max_steps", int)
+    steps = run.result["steps"]
+    timed = isinstance(minutes, (int, float)) and not isinstance(minutes, bool) and minutes > 0
+    if timed and (max_steps is None or steps < max_steps):
+        return {"steps": None, "tokens": None, "max_minutes": minutes}
+    return {"steps": steps, "tokens": run.result["tokens"], "max_minutes": None}
+
+
+def same_end(a, b):
+    """Whether two ends (end_of's) are one: the same budget, or the same step and, where both
+    recorded them, the same tokens."""
+    if a["max_minutes"] != b["max_minutes"] or a["steps"] != b["steps"]:
+        return False
+    if a["tokens"] is None or b["tokens"] is None:
+        return True
+    return a["tokens"] == b["tokens"]
+
+
+def end_words(end):
+    """An end (end_of's) in words: "after 5 minutes of training", "at step 30 (15,360 tokens)"."""
+    if end["max_minutes"] is not None:
+        return f"after {end['max_minutes']:g} minutes of training"
+    words = f"at step {end['steps']}"
+    if end["tokens"] is not None:
+        words += f" ({end['tokens']:,} tokens)"
+    return words
+
+
+def count_runs(arm):
+    """Which of arm's runs are its seeds (arm.runs), which are left out and why (arm.left_out),
+    where its runs ended (arm.end) and the notes under it. A run counts when it finished (the result
+    after its last start says so), where most of the arm's finished runs did (ties: the first
+    given's) and as the first given of its seed: one seed counts once. A run whose records are older
+    than result records counts, and a note says its end is not recorded."""
+    why = {}
+    ends = {}
+    for run in arm.given:
+        reason = unfinished(run)
+        if reason is not None:
+            why[run.name] = reason
+        elif not run.older:
+            ends[run.name] = end_of(run)
+    # the arm's end: where most of its finished runs ended; a run that ended elsewhere (another
+    # max_steps, or a time-bounded run that reached max_steps first) is not one of its seeds
+    end = None
+    most = 0
+    for candidate in ends.values():
+        count = len([found for found in ends.values() if same_end(found, candidate)])
+        if count > most:
+            end = candidate
+            most = count
+    for name, found in ends.items():
+        if not same_end(found, end):
+            why[name] = f"finished {end_words(found)}; the arm's runs {end_words(end)}"
+    # one seed once: a rerun of a seed (into the free log_dir a refusal offers) is not another seed
+    first = {}
+    for run in arm.given:
+        if run.name in why or run.seed is None:
+            continue
+        if run.seed in first:
+            kept = first[run.seed].name
+            why[run.name] = f"seed {run.seed} again: counted once, as {kept} (the first given)"
+            continue
+        first[run.seed] = run
+    arm.runs = [run for run in arm.given if run.name not in why]
+    arm.left_out = [(run, why[run.name]) for run in arm.given if run.name in why]
+    arm.end = end
+    arm.notes = arm_notes(arm)
+
+
+def arm_notes(arm):
+    """The lines under an arm's header: how a time-bounded arm's final values are taken, and its
+    counted runs whose end is not recorded or whose seed is not an integer."""
+    notes = []
+    if arm.end is not None and arm.end["max_minutes"] is not None:
+        minutes = f"{arm.end['max_minutes']:g}"
+        notes.append(
+            f"time-bounded (--max_minutes {minutes}): each run's final values are those at the end"
+            f" of its {minutes} minutes of training steps, compared at equal training time, not"
+            " equal steps (the step column)"
+        )
+    for run in arm.runs:
+        if run.older:
+            notes.append(
+                f"{run.name}: its end is not recorded (no runs.jsonl, or one older than result"
+                " records): its last logged values counted"
+            )
+        config = {} if run.record is None else run.record["config"] or {}
+        if "seed" in config and run.seed is None:
+            seed = json.dumps(config["seed"])
+            notes.append(f"{run.name}: seed {seed} is not an integer: counted, not paired by seed")
+    return notes
+
+
+def first_run(arm):
+    """The run that stands for arm in what differs between arms: its first counted run, else its
+    first given."""
+    if arm.runs:
+        return arm.runs[0]
+    return arm.given[0]
 
 
 def finals(arm, kind):
@@ -570,17 +714,19 @@ def number(x):
 
 
 def summary(arm, kind):
-    """{mean, sd, values, n} of kind's final values in arm: values one a run (None: not logged), sd
-    None below 2 runs, mean and sd None when a value is not finite."""
-    by_run = {run.name: run.series[kind][-1][1] for run in arm.runs if run.series.get(kind)}
-    values = list(by_run.values())
+    """{mean, sd, values, steps, n} of kind's final values in arm's counted runs: values and the
+    steps they were logged at, one a run (None: not logged), sd None below 2 runs, mean and sd None
+    when a value is not finite."""
+    by_run = {run.name: run.series[kind][-1] for run in arm.runs if run.series.get(kind)}
+    values = [value for _, value in by_run.values()]
     finite = all(math.isfinite(v) for v in values)
     mean = statistics.fmean(values) if values and finite else None
     sd = statistics.stdev(values) if len(values) > 1 and finite else None
     return {
         "mean": number(mean),
         "sd": number(sd),
-        "values": [number(by_run.get(run.name)) for run in arm.runs],
+        "values": [number(by_run[run.name][1]) if run.name in by_run else None for run in arm.runs],
+        "steps": [by_run[run.name][0] if run.name in by_run else None for run in arm.runs],
         "n": len(values),
     }
 
@@ -873,7 +1019,7 @@ def comparison_figure(arms, references=None):
     from matplotlib.figure import Figure
     from matplotlib.ticker import EngFormatter
 
-    runs = [run for arm in arms for run in arm.runs]
+    runs = [run for arm in arms for run in arm.given]
     panels = {}
     for kind in compared_kinds(runs):
         panels.setdefault(PANELS.get(kind, kind), []).append(kind)
@@ -1094,19 +1240,33 @@ def markdown(rows):
     return "\n".join(lines)
 
 
+def seed_text(run):
+    """run's seed as the report shows it: "?" when not an int."""
+    if run.seed is None:
+        return "?"
+    return str(run.seed)
+
+
 def arm_text(arm, metrics):
-    """An arm's header (its runs and seeds), its code changes, and a table of each metric's mean ±
-    sd and each run's value."""
-    seeds = ", ".join("?" if run.seed is None else str(run.seed) for run in arm.runs)
-    if len(arm.runs) == 1:
+    """An arm's header (its runs and seeds), the runs left out and why, its notes and code changes,
+    and a table of each metric's mean ± sd, each run's value and the step it was logged at."""
+    seeds = ", ".join(seed_text(run) for run in arm.runs)
+    names = ", ".join(run.name for run in arm.runs)
+    if not arm.runs:
+        lines = [f"{arm.name}: no run counted"]
+    elif len(arm.runs) == 1 and names == arm.name:
         lines = [f"{arm.name}: 1 run, seed {seeds}"]
+    elif len(arm.runs) == 1:
+        lines = [f"{arm.name}: 1 run ({names}), seed {seeds}"]
     else:
-        names = ", ".join(run.name for run in arm.runs)
         lines = [f"{arm.name}: {len(arm.runs)} runs ({names}), seeds {seeds}"]
-    for changed in code_changes(arm.runs[0]):
+    for run, why in arm.left_out:
+        lines.append(f"left out: {run.name} (seed {seed_text(run)}): {why}")
+    lines += arm.notes
+    for changed in code_changes(first_run(arm)):
         modules = ", ".join(changed["modules"])
         lines.append(f"code changed at step {changed['step']}: {modules}")
-    rows = [["metric", "mean ± sd", "values"]]
+    rows = [["metric", "mean ± sd", "values", "step"]]
     for kind, stats in metrics.items():
         if stats["n"] == 0:
             continue
@@ -1115,8 +1275,15 @@ def arm_text(arm, metrics):
         mean = "n/a" if stats["mean"] is None else fmt(stats["mean"])
         if stats["sd"] is not None:
             mean += f" ± {fmt(stats['sd'])}"
-        rows.append([kind, mean, shown])
-    return "\n".join(lines) + "\n" + markdown(rows)
+        # the step each final value was logged at: one number when the runs agree
+        steps = ["-" if step is None else str(step) for step in stats["steps"]]
+        if len(set(steps)) == 1:
+            steps = steps[:1]
+        rows.append([kind, mean, shown, " ".join(steps)])
+    text = "\n".join(lines)
+    if len(rows) > 1:
+        text += "\n" + markdown(rows)
+    return text
 
 
 def time_text(row):
@@ -1140,12 +1307,15 @@ def report(arms, metrics, comparisons):
     parts = [arm_text(arm, stats) for arm, stats in zip(arms, metrics)]
     for arm, rows in zip(arms[1:], comparisons):
         lines = [f"## {arm.name} vs {arms[0].name}"]
+        empty = [a.name for a in (arms[0], arm) if not a.runs]
+        if empty:
+            lines.append(f"not compared: no run of {' and '.join(empty)} counted (left out above)")
         lines += [row["verdict"] for row in rows]
         for row in rows:
             line = time_text(row) if row["metric"] == "val" else None
             if line is not None:
                 lines.append(line)
-        lines += differences(arms[0].runs[0], arm.runs[0])[1:]
+        lines += differences(first_run(arms[0]), first_run(arm))[1:]
         parts.append("\n".join(lines))
     return "\n\n".join(parts) + "\n"
 
@@ -1157,10 +1327,17 @@ def report_json(arms, metrics, comparisons):
         names = [run.name for run in arm.runs]
         seeds = [run.seed for run in arm.runs]
         entry = {"name": arm.name, "runs": names, "n": len(names), "seeds": seeds}
-        entry.update(metrics=stats, code_changes=code_changes(arm.runs[0]))
+        entry["left_out"] = [
+            {"run": run.name, "seed": run.seed, "why": why} for run, why in arm.left_out
+        ]
+        entry.update(end=arm.end, notes=arm.notes)
+        entry.update(metrics=stats, code_changes=code_changes(first_run(arm)))
         # what the text says differs from the baseline (its lines: config, data, "code
         # differs:" and the diff, or "same code"); the baseline's own: None
-        entry["vs_baseline"] = differences(arms[0].runs[0], arm.runs[0])[1:] if i else None
+        vs_baseline = None
+        if i:
+            vs_baseline = differences(first_run(arms[0]), first_run(arm))[1:]
+        entry["vs_baseline"] = vs_baseline
         found.append(entry)
     rows = [row for arm_rows in comparisons for row in arm_rows]
     return json.dumps({"arms": found, "comparisons": rows}, indent=1, allow_nan=False)

@@ -179,8 +179,11 @@ def keep(log_dir: Path, relpath: str, text: str) -> str:
     return kept
 
 
-def write_start(log_dir: Path, seed=1, step=0, sources=SOURCES, git_diff=None, **config):
-    """A start record appended to runs.jsonl, its modules and git diff kept under code/."""
+def write_start(
+    log_dir: Path, seed=1, step=0, sources=SOURCES, git_diff=None, code_changed=None, **config
+):
+    """A start record appended to runs.jsonl, its modules and git diff kept under code/;
+    code_changed: the trainer's list of the modules changed since the checkpoint."""
     config = {"n_layer": 12, "max_lr": 6e-4, "total_batch_size": 512, "resume": "", **config}
     record = {
         "step": step,
@@ -198,15 +201,28 @@ def write_start(log_dir: Path, seed=1, step=0, sources=SOURCES, git_diff=None, *
         },
         "time": "2026-12-02T22:40:00+00:00",
     }
+    if code_changed is not None:
+        record["code_changed"] = code_changed
     log_dir.mkdir(parents=True, exist_ok=True)
     with open(log_dir / "runs.jsonl", "a") as f:
         f.write(json.dumps(record) + "\n")
     return record
 
 
-def write_run(root: Path, name: str, seed=1, val=None, steps=10, seconds=1.0, **start) -> Path:
+def write_result(log_dir: Path, status="finished", steps=10, seconds=1.0):
+    """A result record appended to runs.jsonl as the trainer writes it at a run's end."""
+    result = {"status": status, "steps": steps, "tokens": steps * 512, "time": steps * seconds}
+    result.update(peak_memory_gb=0.5, val=3.0, bpb=None, hella=None)
+    with open(log_dir / "runs.jsonl", "a") as f:
+        f.write(json.dumps({"result": result}) + "\n")
+
+
+def write_run(
+    root: Path, name: str, seed=1, val=None, steps=10, seconds=1.0, status="finished", **start
+) -> Path:
     """A run as the trainer writes it: each step's train, tokens (512 a step) and time (seconds a
-    step, through the step) in log.txt, val {step: value} (default: {steps: 3.0}), one start."""
+    step, through the step) in log.txt, val {step: value} (default: {steps: 3.0}), one start and
+    its result at steps (status None: none, the run still training or killed)."""
     log_dir = root / name
     val = {steps: 3.0} if val is None else val
     lines = []
@@ -220,7 +236,21 @@ def write_run(root: Path, name: str, seed=1, val=None, steps=10, seconds=1.0, **
     log_dir.mkdir(parents=True, exist_ok=True)
     (log_dir / "log.txt").write_text("".join(line + "\n" for line in lines))
     write_start(log_dir, seed, **start)
+    if status is not None:
+        write_result(log_dir, status, steps, seconds)
     return log_dir
+
+
+def resume_run(log_dir: Path, seed, step, steps=10, **start) -> dict:
+    """log_dir's run (write_run's) as stopped at step and resumed there (--resume auto) to its end
+    at steps: its result says stopped, then a start at step and a result at steps."""
+    lines = (log_dir / "runs.jsonl").read_text().splitlines()
+    # its finished result dropped
+    (log_dir / "runs.jsonl").write_text("".join(line + "\n" for line in lines[:-1]))
+    write_result(log_dir, "stopped", step)
+    record = write_start(log_dir, seed, step=step, resume="auto", **start)
+    write_result(log_dir, steps=steps)
+    return record
 
 
 def json_of(argv, capsys) -> dict:
@@ -393,7 +423,8 @@ def test_one_run_in_an_arm_gives_no_p_value(tmp_path, monkeypatch, capsys):
     write_run(tmp_path, "rope", 1, val={10: 3.0}, n_layer=6)
     write_run(tmp_path, "one", 1, val={10: 3.1})
     result = json_of(["one", "rope"], capsys)
-    assert result["arms"][0]["metrics"]["val"] == {"mean": 3.1, "sd": None, "values": [3.1], "n": 1}
+    val = {"mean": 3.1, "sd": None, "values": [3.1], "steps": [10], "n": 1}
+    assert result["arms"][0]["metrics"]["val"] == val
     row = comparison(result, "val")
     assert (row["test"], row["p"], row["ci95"]) == (None, None, None)
     assert row["diff"] == pytest.approx(-0.1)
@@ -422,8 +453,15 @@ def test_the_json_holds_the_arms_and_comparisons_and_nothing_else(tmp_path, monk
     assert base["n"] == 3 and base["seeds"] == [1, 2, 3]
     assert list(base["metrics"]) == ["train", "val", "hella"]  # tokens and time: bookkeeping
     assert base["metrics"]["hella"]["values"] == [0.26, 0.27, 0.28]
-    assert rope["metrics"]["val"] == {"mean": 3.0, "sd": None, "values": [3.0], "n": 1}
-    assert rope["metrics"]["hella"] == {"mean": None, "sd": None, "values": [None], "n": 0}
+    assert rope["metrics"]["val"] == {
+        "mean": 3.0,
+        "sd": None,
+        "values": [3.0],
+        "steps": [10],
+        "n": 1,
+    }
+    hella = {"mean": None, "sd": None, "values": [None], "steps": [None], "n": 0}
+    assert rope["metrics"]["hella"] == hella
     assert [row["metric"] for row in result["comparisons"]] == ["train", "val"]
     for row in result["comparisons"]:
         keys = {"arm", "baseline", "metric", "test", "diff", "ci95", "p", "time_to_baseline_s"}
@@ -445,7 +483,7 @@ def test_arms_are_runs_that_differ_only_in_seed_log_dir_and_resume(tmp_path, mon
     write_run(tmp_path, "lr2", 2, max_lr=1e-3)
     # resumed (its second start names the checkpoint): the same run, the same arm
     a3 = write_run(tmp_path, "a3", 3)
-    write_start(a3, 3, step=5, resume="auto")
+    resume_run(a3, 3, step=5)
     result = json_of(["a1", "lr1", "a2", "fw", "lr2", "a3"], capsys)
     # in the order of their first runs, named by it
     assert arms_of(result) == {"a1": ["a1", "a2", "a3"], "lr1": ["lr1", "lr2"], "fw": ["fw"]}
@@ -511,13 +549,10 @@ def test_code_changed_at_a_resume_is_shown(tmp_path, monkeypatch, capsys):
     edited = {**SOURCES, "train_gpt2.py": SOURCES["train_gpt2.py"].replace("12\n", "6\n", 1)}
     write_run(tmp_path, "base", 1)
     run = write_run(tmp_path, "resumed", 1)
-    record = write_start(run, 1, step=5, sources=edited, resume="auto")
     # the trainer's word (code_changed); an older record without it: the kept sources say it
-    lines = (run / "runs.jsonl").read_text().splitlines()
-    record["code_changed"] = ["train_gpt2.py"]
-    (run / "runs.jsonl").write_text(f"{lines[0]}\n{json.dumps(record)}\n")
+    resume_run(run, 1, step=5, sources=edited, code_changed=["train_gpt2.py"])
     old = write_run(tmp_path, "old", 2)
-    write_start(old, 2, step=4, sources=edited, resume="auto")
+    resume_run(old, 2, step=4, sources=edited)
     result = json_of(["base", "resumed", "old"], capsys)
     assert arms_of(result) == {"base": ["base"], "resumed": ["resumed"], "old": ["old"]}
     changes = [arm["code_changes"] for arm in result["arms"]]
@@ -568,11 +603,13 @@ def figure_of(argv, monkeypatch):
 
 def test_arms_are_drawn_as_mean_and_band_against_steps_tokens_and_time(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    write_run(tmp_path, "a1", 1, val={0: 4.0, 5: 3.0, 10: 2.0})
-    # stopped early (time-bounded): the curve's last point is the mean of the runs' last values
-    write_run(tmp_path, "a2", 2, val={0: 4.0, 5: 3.2, 8: 2.6}, steps=8)
+    # time-bounded: a2 spent its budget at step 8, a1 at 10; the curve's last point is the mean of
+    # the runs' last values
+    write_run(tmp_path, "a1", 1, val={0: 4.0, 5: 3.0, 10: 2.0}, max_minutes=0.1)
+    write_run(tmp_path, "a2", 2, val={0: 4.0, 5: 3.2, 8: 2.6}, steps=8, max_minutes=0.1)
     old = write_metrics(tmp_path / "old", train=TRAIN, val={0: 11.0, 5: 7.0, 10: 4.6})
     write_start(old, 1, n_layer=6)  # an older log: no tokens, no time
+    write_result(old)
     fig = figure_of(["a1", "a2", "old", "--out", "c.png"], monkeypatch)
     panels = [(ax.get_title(), ax.get_xlabel()) for ax in fig.axes]
     assert panels == [("loss", x) for x in ("step", "tokens", "training seconds")]
@@ -680,12 +717,14 @@ def test_comparing_single_older_runs_prints_their_values_and_differences(
     blocks = out.split("\n\n")
     assert blocks[0] == (
         "log/base: 1 run, seed ?\n"
-        "| metric | mean ± sd | values |\n"
-        "| ------ | --------- | ------ |\n"
-        "| train  | 8.0000    | 8.0000 |\n"
-        "| val    | 4.5000    | 4.5000 |\n"
-        "| bpb    | 1.3500    | 1.3500 |\n"
-        "| hella  | 0.2800    | 0.2800 |"
+        "log/base: its end is not recorded (no runs.jsonl, or one older than result records): its"
+        " last logged values counted\n"
+        "| metric | mean ± sd | values | step |\n"
+        "| ------ | --------- | ------ | ---- |\n"
+        "| train  | 8.0000    | 8.0000 | 10   |\n"
+        "| val    | 4.5000    | 4.5000 | 10   |\n"
+        "| bpb    | 1.3500    | 1.3500 | 10   |\n"
+        "| hella  | 0.2800    | 0.2800 | 10   |"
     )
     assert blocks[3].split("\n")[:5] == [
         "## log/rope vs log/base",
@@ -826,7 +865,7 @@ def test_a_record_field_of_another_type_is_not_recorded(tmp_path, monkeypatch, c
     monkeypatch.chdir(tmp_path)
     write_run(tmp_path, "a", 1)
     b = write_run(tmp_path, "b", 2)
-    record = json.loads((b / "runs.jsonl").read_text())
+    record = json.loads((b / "runs.jsonl").read_text().splitlines()[0])
     record.update(line)
     # then a resume under that record, a result, a line torn by a kill, one nested too deep
     result = {"result": {"status": "finished", "steps": 10, "val": 3.0, "config": {}}}
@@ -842,10 +881,14 @@ def test_a_result_record_is_not_a_start(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     write_run(tmp_path, "a", 1)
     b = write_run(tmp_path, "b", 2)
-    result = {"result": {"status": "stopped", "steps": 10, "tokens": 5120, "val": 3.0}}
-    with open(b / "runs.jsonl", "a") as f:
-        f.write(json.dumps(result) + "\n")
-    assert arms_of(json_of(["a", "b"], capsys)) == {"a": ["a", "b"]}
+    # b stopped at its end (a stop asked for at the last step): its result is not a start, and
+    # the arm counts it out
+    lines = (b / "runs.jsonl").read_text().splitlines()
+    (b / "runs.jsonl").write_text(lines[0] + "\n")
+    write_result(b, "stopped", 10)
+    result = json_of(["a", "b"], capsys)
+    assert arms_of(result) == {"a": ["a"]}
+    assert result["arms"][0]["left_out"] == [{"run": "b", "seed": 2, "why": "stopped at step 10"}]
 
 
 def test_an_unreadable_log_gets_a_few_warnings_and_a_count(tmp_path, monkeypatch, capsys):
@@ -1016,14 +1059,14 @@ def test_same_code_means_over_the_whole_history(tmp_path, monkeypatch, capsys):
     write_run(tmp_path, "base", 1)
     # started under other code, resumed at step 5 under the baseline's: the same code at the end
     back = write_run(tmp_path, "back", 2, sources=edited, max_lr=1e-3)
-    write_start(back, 2, step=5, resume="auto", max_lr=1e-3)
+    resume_run(back, 2, step=5, max_lr=1e-3)
     # an older resume without code: what ran before step 5 is not known
     unknown = write_run(tmp_path, "unknown", 3, max_lr=3e-4)
     lines = (unknown / "runs.jsonl").read_text().splitlines()
     first = json.loads(lines[0])
     del first["code"]
     (unknown / "runs.jsonl").write_text(json.dumps(first) + "\n" + "\n".join(lines[1:]) + "\n")
-    write_start(unknown, 3, step=5, resume="auto", max_lr=3e-4)
+    resume_run(unknown, 3, step=5, max_lr=3e-4)
     runs = {name: plot.read_run(name) for name in ("base", "back", "unknown")}
     back_lines = plot.differences(runs["base"], runs["back"])
     assert "same code" not in back_lines
@@ -1034,3 +1077,115 @@ def test_same_code_means_over_the_whole_history(tmp_path, monkeypatch, capsys):
     assert any(line.startswith("code not known to be the same: ") for line in unknown_lines)
     out = report_of(["base", "back", "unknown"], capsys)
     assert "same code" not in out
+
+
+# ----------------------------------------------------------------------------------------------
+# issue 49: which runs are seeds
+
+
+def text_of(argv, capsys) -> str:
+    """The report plot.py argv prints (main, drawing compare.png in the current directory)."""
+    plot.main([*map(str, argv), "--out", "compare.png"])
+    return capsys.readouterr().out
+
+
+def test_a_run_is_a_seed_only_when_it_finished(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    # the issue's case: seed 2 of the edit stopped by SIGTERM at step 14 of 30, its last val
+    # (step 10's, far higher) averaged with the step-30 values of the others; seed 3 still
+    # training (or killed: no result after its start); seed 4 resumed after a stop and finished
+    finals = {1: 3.10, 2: 3.08, 3: 3.12, 4: 3.09}
+    for seed, value in finals.items():
+        write_run(tmp_path, f"base-{seed}", seed, val={10: 3.6, 30: value}, steps=30, max_steps=30)
+    write_run(tmp_path, "edit-1", 1, val={10: 3.5, 30: 3.05}, steps=30, max_steps=30, n_layer=6)
+    stopped = {10: 3.55}
+    write_run(
+        tmp_path, "edit-2", 2, val=stopped, steps=14, status="stopped", max_steps=30, n_layer=6
+    )
+    write_run(tmp_path, "edit-3", 3, val={10: 3.5}, steps=12, status=None, max_steps=30, n_layer=6)
+    resumed = write_run(tmp_path, "edit-4", 4, val={10: 3.5, 30: 3.04}, steps=30, max_steps=30)
+    resume_run(resumed, 4, step=20, steps=30, max_steps=30, n_layer=6)
+    runs = ["base-1", "base-2", "base-3", "base-4", "edit-1", "edit-2", "edit-3", "edit-4"]
+    # (edit-4's first start had n_layer 12: rewritten as the edit's)
+    lines = (resumed / "runs.jsonl").read_text().replace('"n_layer": 12', '"n_layer": 6')
+    (resumed / "runs.jsonl").write_text(lines)
+    result = json_of(runs, capsys)
+    assert arms_of(result) == {"base-1": runs[:4], "edit-1": ["edit-1", "edit-4"]}
+    edit = result["arms"][1]
+    assert edit["left_out"] == [
+        {"run": "edit-2", "seed": 2, "why": "stopped at step 14 of 30"},
+        {
+            "run": "edit-3",
+            "seed": 3,
+            "why": "no result after its start at step 0: still training, or killed",
+        },
+    ]
+    assert edit["metrics"]["val"]["values"] == [3.05, 3.04]
+    assert edit["metrics"]["val"]["steps"] == [30, 30]
+    assert edit["end"] == {"steps": 30, "tokens": 30 * 512, "max_minutes": None}
+    row = comparison(result, "val")
+    assert row["n"] == [2, 4] and row["mean"] == pytest.approx(3.045)
+    out = text_of(runs, capsys)
+    assert "edit-1: 2 runs (edit-1, edit-4), seeds 1, 4\n" in out
+    assert "\nleft out: edit-2 (seed 2): stopped at step 14 of 30\n" in out
+    assert "\nleft out: edit-3 (seed 3): no result after its start at step 0" in out
+    # the step each final value comes from
+    assert "| val    | 3.0450 ± 0.0071 | 3.0500 3.0400 | 30   |" in out
+    assert "2 vs 4 seeds" in row["verdict"]
+
+
+def test_an_arm_with_no_finished_run_is_not_compared(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    write_run(tmp_path, "base", 1, val={10: 3.1})
+    write_run(tmp_path, "edit", 1, val={5: 3.5}, steps=7, status=None, n_layer=6)
+    result = json_of(["base", "edit"], capsys)
+    assert result["comparisons"] == [] and result["arms"][1]["n"] == 0
+    out = text_of(["base", "edit"], capsys)
+    assert "edit: no run counted\nleft out: edit (seed 1): no result after its start" in out
+    assert "## edit vs base\nnot compared: no run of edit counted (left out above)\n" in out
+
+
+def test_a_seed_counts_once(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    # three runs of seed 7 made an arm of "3 seeds" (p = 0.00018 against the baseline)
+    for i, value in enumerate([3.100, 3.101, 3.102]):
+        write_run(tmp_path, f"base-7{'abc'[i]}", 7, val={10: value})
+    for seed, value in {1: 3.2, 2: 3.21, 3: 3.19}.items():
+        write_run(tmp_path, f"edit-{seed}", seed, val={10: value}, n_layer=6)
+    result = json_of(["base-7a", "base-7b", "base-7c", "edit-1", "edit-2", "edit-3"], capsys)
+    base = result["arms"][0]
+    assert base["runs"] == ["base-7a"] and base["n"] == 1 and base["seeds"] == [7]
+    why = "seed 7 again: counted once, as base-7a (the first given)"
+    assert base["left_out"] == [
+        {"run": "base-7b", "seed": 7, "why": why},
+        {"run": "base-7c", "seed": 7, "why": why},
+    ]
+    row = comparison(result, "val")
+    assert row["p"] is None and "base-7a is a single run: no p-value" in row["verdict"]
+
+
+def test_a_rerun_of_a_seed_into_the_free_log_dir_is_not_another_seed(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    log = tmp_path / "log"
+    for seed, value in {1: 3.10, 2: 3.08, 3: 3.12}.items():
+        write_run(log, f"base-{seed}", seed, val={10: value})
+        write_run(log, f"edit-{seed}", seed, val={10: value - 0.05 + seed / 100}, n_layer=6)
+    # seed 1 again, into the free directory the refusal named: `plot.py log/base-*` takes it in
+    write_run(log, "base-1-2", 1, val={10: 3.5})
+    given = ["log/base-1", "log/base-1-2", "log/base-2", "log/base-3"]
+    given += ["log/edit-1", "log/edit-2", "log/edit-3"]
+    out = text_of(given, capsys)
+    assert "log/base-1: 3 runs (log/base-1, log/base-2, log/base-3), seeds 1, 2, 3\n" in out
+    assert (
+        "\nleft out: log/base-1-2 (seed 1): seed 1 again: counted once, as log/base-1 (the first"
+        " given)\n"
+    ) in out
+    # the seeds are the same in both arms again: paired
+    assert "3 vs 3 seeds, paired" in out
+    # the first run of seed 1 killed: the rerun counts
+    (log / "base-1" / "runs.jsonl").write_text(
+        (log / "base-1" / "runs.jsonl").read_text().splitlines()[0] + "\n"
+    )
+    result = json_of(given, capsys)
+    assert result["arms"][0]["runs"] == ["log/base-1-2", "log/base-2", "log/base-3"]
+    assert result["arms"][0]["left_out"][0]["run"] == "log/base-1"
