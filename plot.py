@@ -487,6 +487,7 @@ class Arm:
     left_out: list = dataclasses.field(default_factory=list)  # [(run, why)] of the others
     end: dict | None = None  # where its finished runs ended: {steps, tokens, max_minutes}
     notes: list = dataclasses.field(default_factory=list)  # lines the report prints under it
+    named: bool = False  # by --arm (else grouped by config and code)
 
 
 def settings(record):
@@ -1327,6 +1328,7 @@ def report_json(arms, metrics, comparisons):
         names = [run.name for run in arm.runs]
         seeds = [run.seed for run in arm.runs]
         entry = {"name": arm.name, "runs": names, "n": len(names), "seeds": seeds}
+        entry["named"] = arm.named
         entry["left_out"] = [
             {"run": run.name, "seed": run.seed, "why": why} for run, why in arm.left_out
         ]
@@ -1343,22 +1345,68 @@ def report_json(arms, metrics, comparisons):
     return json.dumps({"arms": found, "comparisons": rows}, indent=1, allow_nan=False)
 
 
-def compare(log_dirs, out, as_json, warn=None):
+def named_arm(name, runs):
+    """The runs given with --arm NAME as one arm, its seeds counted (count_runs), whatever their
+    configs: a run whose config or code differs from the arm's first run's (beyond RUN_ONLY's) is
+    named in a warning under it (a glob such as log/wsd-* sweeps in runs that share the prefix)."""
+    arm = Arm(name, runs, named=True)
+    count_runs(arm)
+    first = runs[0]
+    for run in runs[1:]:
+        found = mismatch(first, run)
+        if found:
+            what = "; ".join(found)
+            arm.notes.append(
+                f"warning: {run.name} differs from {first.name}, the arm's first run: {what}"
+            )
+    return arm
+
+
+def mismatch(first, run):
+    """What makes run another arm than first (arm_key), in short: the config keys and data that
+    differ, the modules whose code differs; [] when they are one arm."""
+    key = arm_key(first)
+    if key is not None and key == arm_key(run):
+        return []
+    if first.record is None or run.record is None:
+        return ["config and code not recorded"]
+    found = [line for line in config_differences(first, run) if line != "same config"]
+    states = [code_states(first), code_states(run)]
+    if None in states:
+        found.append("code not recorded")
+    elif states[0][-1][1] != states[1][-1][1]:
+        before = states[0][-1][1]
+        after = states[1][-1][1]
+        modules = [m for m in {**before, **after} if before.get(m) != after.get(m)]
+        found.append(f"code of {', '.join(modules)}")
+    elif states[0] != states[1]:
+        found.append("code before its end (a change at a resume)")
+    if not found:
+        found.append("config before its end (a resume under another config)")
+    return found
+
+
+def compare(log_dirs, out, as_json, warn=None, named=()):
     """Several runs (or one, for --json) grouped into arms, each compared with the first: the
-    report (or its JSON) printed and, with out, the arms drawn into it."""
+    report (or its JSON) printed and, with out, the arms drawn into it. log_dirs are grouped by
+    config and code (group_arms); named: [NAME, LOG_DIR, ...] lists, each an arm (named_arm),
+    after those."""
     runs = [read_run(log_dir, warn) for log_dir in log_dirs]
-    kinds = compared_kinds(runs)
-    if not kinds:
-        names = ", ".join(run.name for run in runs)
-        raise ValueError(f"{names}: no metric logged yet, nothing to compare")
     arms = group_arms(runs)
+    for given in named:
+        arms.append(named_arm(given[0], [read_run(log_dir, warn) for log_dir in given[1:]]))
+    every = [run for arm in arms for run in arm.given]
+    kinds = compared_kinds(every)
+    if not kinds:
+        names = ", ".join(run.name for run in every)
+        raise ValueError(f"{names}: no metric logged yet, nothing to compare")
     metrics = [{kind: summary(arm, kind) for kind in kinds} for arm in arms]
     comparisons = []
     for arm in arms[1:]:
         rows = [compare_metric(kind, arms[0], arm) for kind in kinds]
         comparisons.append([row for row in rows if row is not None])
     if out is not None:
-        write_png(out, comparison_figure(arms, references_for(runs)))
+        write_png(out, comparison_figure(arms, references_for(every)))
     if as_json:
         print(report_json(arms, metrics, comparisons))
         return
@@ -1407,10 +1455,26 @@ def main(argv=None):
             "only in --seed are one arm, each arm compared with the first with its seed noise.\n\n"
             "  python plot.py LOG_DIR [--out PNG]              # LOG_DIR/curves.png\n"
             "  python plot.py LOG_DIR LOG_DIR ... [--out PNG]  # compare.png and a report\n"
-            "  python plot.py --json LOG_DIR ...               # the report as JSON"
+            "  python plot.py --json LOG_DIR ...               # the report as JSON\n"
+            "  python plot.py --arm base log/base-1 log/base-2 log/base-3 \\\n"
+            "                 --arm null log/base-4 log/base-5 log/base-6   # arms named by hand"
         ),
     )
-    parser.add_argument("log_dirs", nargs="+", metavar="log_dir", help="a training run's log_dir")
+    parser.add_argument(
+        "log_dirs",
+        nargs="*",
+        metavar="log_dir",
+        help="a training run's log_dir; several are grouped into arms by config and code",
+    )
+    parser.add_argument(
+        "--arm",
+        nargs="+",
+        action="append",
+        default=[],
+        metavar=("NAME", "LOG_DIR"),
+        help="these runs as one arm named NAME, whatever their configs (a run that differs is"
+        " named in a warning); repeatable; after the log_dirs grouped by config and code",
+    )
     parser.add_argument(
         "--out",
         metavar="PNG",
@@ -1421,7 +1485,22 @@ def main(argv=None):
         "--json", action="store_true", help="print the arms and comparisons as JSON, only"
     )
     args = parser.parse_args(argv)
-    comparing = len(args.log_dirs) > 1 or args.json
+    if not args.log_dirs and not args.arm:
+        parser.error("the following arguments are required: log_dir (or --arm NAME LOG_DIR ...)")
+    names = []
+    for arm in args.arm:
+        name = arm[0]
+        # a name forgotten: the first log_dir would name the arm and be left out of it (a name
+        # is never a run's log_dir, so never another arm's name either)
+        if len(arm) < 2 or (Path(name) / "log.txt").is_file():
+            parser.error(
+                f"--arm {name}: give the arm a name, then its log_dirs: --arm NAME LOG_DIR ..."
+            )
+        if name in names:
+            parser.error(f"--arm {name} is given twice: name each arm once")
+        names.append(name)
+    log_dirs = args.log_dirs + [log_dir for arm in args.arm for log_dir in arm[1:]]
+    comparing = len(log_dirs) > 1 or args.json or args.arm
     out = args.out
     if out is None and comparing and not args.json:
         out = "compare.png"
@@ -1430,11 +1509,11 @@ def main(argv=None):
         print(f"plot.py: warning: {message}", file=sys.stderr)
 
     try:
-        check_once(args.log_dirs)
+        check_once(log_dirs)
         if out is not None:
-            check_out(out, args.log_dirs)
+            check_out(out, log_dirs)
         if comparing:
-            compare(args.log_dirs, out, args.json, warn)
+            compare(args.log_dirs, out, args.json, warn, args.arm)
         else:
             out = write_curves(args.log_dirs[0], out, warn=warn)
             print(f"wrote {out}")

@@ -961,6 +961,7 @@ def test_a_failed_write_names_its_file(tmp_path, monkeypatch):
         (["lr", "lr2"], "lr, lr2: no metric logged yet, nothing to compare"),
         (["--json", "lr", "lr2"], "lr, lr2: no metric logged yet, nothing to compare"),
         (["run", "run/"], "run/ is given twice: give each run once"),
+        (["run", "--arm", "a", "run2", "./run"], "./run is given twice: give each run once"),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, monkeypatch, args, message):
@@ -985,9 +986,16 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, monkeypatch, args, m
     [
         ([], "the following arguments are required: log_dir"),
         (["run", "--bogus"], "unrecognized arguments: --bogus"),
+        (["--arm", "base"], "--arm base: give the arm a name, then its log_dirs"),
+        # the name forgotten: run would name the arm
+        (["--arm", "run", "run2"], "--arm run: give the arm a name, then its log_dirs"),
+        (["--arm", "a", "run", "--arm", "a", "run2"], "--arm a is given twice: name each arm"),
     ],
 )
-def test_bad_arguments_are_argparses_one_line(capsys, args, message):
+def test_bad_arguments_are_argparses_one_line(tmp_path, monkeypatch, capsys, args, message):
+    monkeypatch.chdir(tmp_path)
+    write_log(tmp_path / "run")
+    write_log(tmp_path / "run2")
     with pytest.raises(SystemExit) as exit:
         plot.main(args)
     one_line_error(exit.value.code, capsys.readouterr().err, "plot.py", message)
@@ -1189,3 +1197,70 @@ def test_a_rerun_of_a_seed_into_the_free_log_dir_is_not_another_seed(tmp_path, m
     result = json_of(given, capsys)
     assert result["arms"][0]["runs"] == ["log/base-1-2", "log/base-2", "log/base-3"]
     assert result["arms"][0]["left_out"][0]["run"] == "log/base-1"
+
+
+# ----------------------------------------------------------------------------------------------
+# issue 49: arms named by hand
+
+
+def test_the_null_comparison_is_one_command_with_shell_globs(tmp_path):
+    # seeds 1-3 against 4-6 of one config and code: grouped by config they are one arm of six
+    # runs; named, two arms compared (the false-positive check)
+    log = tmp_path / "log"
+    values = {1: 3.114, 2: 3.082, 3: 3.033, 4: 3.071, 5: 3.102, 6: 3.049}
+    for seed, value in values.items():
+        write_run(log, f"base-{seed}", seed, val={10: value})
+    command = "python plot.py --json --arm base log/base-[123] --arm null log/base-[456]"
+    command = command.replace("python plot.py", f"{sys.executable} {ROOT / 'plot.py'}")
+    result = run_program(["bash", "-c", command], cwd=tmp_path)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    found = json.loads(result.stdout)
+    assert arms_of(found) == {
+        "base": ["log/base-1", "log/base-2", "log/base-3"],
+        "null": ["log/base-4", "log/base-5", "log/base-6"],
+    }
+    assert [arm["named"] for arm in found["arms"]] == [True, True]
+    row = comparison(found, "val")
+    assert (row["arm"], row["baseline"], row["test"]) == ("null", "base", "welch")
+    assert row["p"] > 0.05 and "no difference beyond seed noise" in row["verdict"]
+    assert found["arms"][1]["vs_baseline"] == ["same config", "same code"]
+    # the text, with the picture
+    command = command.replace(" --json", " --out c.png")
+    result = run_program(["bash", "-c", command], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("base: 3 runs (log/base-1, log/base-2, log/base-3), seeds 1,")
+    assert "\n\n## null vs base\n" in result.stdout
+    assert "\nval 3.0740 vs 3.0763: no difference beyond seed noise (p = " in result.stdout
+    assert (tmp_path / "c.png").read_bytes()[:8] == PNG
+    # without names: one arm of six, nothing compared
+    plain = run_program("plot.py", ["--json", *[f"log/base-{s}" for s in values]], cwd=tmp_path)
+    assert [arm["n"] for arm in json.loads(plain.stdout)["arms"]] == [6]
+
+
+def test_a_named_arm_names_the_runs_that_differ_from_its_first(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    edited = {**SOURCES, "train_gpt2.py": SOURCES["train_gpt2.py"].replace("12\n", "6\n", 1)}
+    for seed in (1, 2):
+        write_run(tmp_path, f"wsd-{seed}", seed, val={10: 3.0 + seed / 100}, max_steps=10)
+    # log/wsd-* sweeps in a longer run of other code that shares the prefix
+    long = {10: 3.2, 20: 2.9}
+    write_run(tmp_path, "wsd-long-1", 1, val=long, steps=20, max_steps=20, sources=edited)
+    write_run(tmp_path, "base-1", 1, val={10: 3.05}, max_steps=10)
+    argv = ["--arm", "base", "base-1", "--arm", "wsd", "wsd-1", "wsd-2", "wsd-long-1"]
+    out = text_of(argv, capsys)
+    assert "base: 1 run (base-1), seed 1\n" in out
+    assert "wsd: 2 runs (wsd-1, wsd-2), seeds 1, 2\n" in out
+    assert (
+        "\nwarning: wsd-long-1 differs from wsd-1, the arm's first run: max_steps: 10 -> 20; code"
+        " of train_gpt2.py\n"
+    ) in out
+    # it ended elsewhere: not one of the arm's seeds
+    assert (
+        "\nleft out: wsd-long-1 (seed 1): finished at step 20 (10,240 tokens); the arm's runs at"
+        " step 10 (5,120 tokens)\n"
+    ) in out
+    result = json_of(argv, capsys)
+    notes = result["arms"][1]["notes"]
+    assert len(notes) == 1 and notes[0].startswith("warning: wsd-long-1 differs from wsd-1")
+    # runs of one config and code named together: no warning
+    assert result["arms"][0]["notes"] == []
