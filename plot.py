@@ -77,6 +77,9 @@ AXES = {"step": "step", "tokens": "tokens", "time": "training seconds"}
 RUN_ONLY = {"seed", "log_dir", "resume"}
 # skipped log lines named one by one; the rest counted
 MAX_WARNINGS = 3
+# the steps after each process start that an arm's step time leaves out: compilation and warm-up
+# make them slow
+WARMUP_STEPS = 5
 # a comparison's test: significant below ALPHA; the power of the number of seeds it suggests
 ALPHA = 0.05
 POWER = 0.8
@@ -488,6 +491,7 @@ class Arm:
     end: dict | None = None  # where its finished runs ended: {steps, tokens, max_minutes}
     notes: list = dataclasses.field(default_factory=list)  # lines the report prints under it
     named: bool = False  # by --arm (else grouped by config and code)
+    step_time: dict | None = None  # its runs' step time and throughput (step_time's)
 
 
 def settings(record):
@@ -668,6 +672,7 @@ def count_runs(arm):
     arm.left_out = [(run, why[run.name]) for run in arm.given if run.name in why]
     arm.end = end
     arm.notes = arm_notes(arm)
+    arm.step_time = step_time(arm)
 
 
 def arm_notes(arm):
@@ -692,6 +697,59 @@ def arm_notes(arm):
             seed = json.dumps(config["seed"])
             notes.append(f"{run.name}: seed {seed} is not an integer: counted, not paired by seed")
     return notes
+
+
+def steady_values(run, kind):
+    """run's finite, positive values of kind (ms, tok_per_s) at its steps but the first
+    WARMUP_STEPS after each process start (compilation and warm-up)."""
+    starts = [record["step"] for record in run.history if not record["added"]]
+    starts = [step for step in starts if step is not None] or [0]
+    found = []
+    for step, value in run.series.get(kind, []):
+        warming = any(start <= step < start + WARMUP_STEPS for start in starts)
+        if not warming and math.isfinite(value) and value > 0:
+            found.append(value)
+    return found
+
+
+def step_time(arm):
+    """arm's step time over its counted runs' steady steps (steady_values'): {median_ms of them all,
+    low_ms..high_ms: from the lowest run's 25th percentile to the highest run's 75th (a run slowed
+    by a load peak widens it), tok_per_s: the median throughput, steps, warmup_steps}; None when
+    no run logged ms (or the numbers are not finite)."""
+    import numpy
+
+    pooled = []
+    lows = []
+    highs = []
+    throughput = []
+    for run in arm.runs:
+        values = steady_values(run, "ms")
+        throughput += steady_values(run, "tok_per_s")
+        if not values:
+            continue
+        # (values near 1e308 overflow to inf here: not finite, so not known)
+        with numpy.errstate(all="ignore"):
+            low, high = numpy.percentile(values, [25, 75])
+        lows.append(low)
+        highs.append(high)
+        pooled += values
+    if not pooled:
+        return None
+    with numpy.errstate(all="ignore"):
+        median = numpy.median(pooled)
+        tokens = numpy.median(throughput) if throughput else None
+    found = {
+        "median_ms": number(median),
+        "low_ms": number(min(lows)),
+        "high_ms": number(max(highs)),
+        "tok_per_s": number(tokens),
+        "steps": len(pooled),
+        "warmup_steps": WARMUP_STEPS,
+    }
+    if None in (found["median_ms"], found["low_ms"], found["high_ms"]):
+        return None
+    return found
 
 
 def first_run(arm):
@@ -906,20 +964,68 @@ def time_to_reach(curve, target, lower):
     return None
 
 
-def time_to_baseline(kind, baseline, arm, target):
-    """The equal-compute view of kind: the training seconds at which arm's mean curve first
-    reaches target (the baseline's final mean), the baseline's own (its mean curve's last), and
-    their ratio; None where unknown (no time logged, a kind of no known direction)."""
-    found = {"time_to_baseline_s": None, "baseline_time_s": None, "time_ratio": None}
-    base_curve = mean_curve(baseline.runs, kind, "time")
-    arm_curve = mean_curve(arm.runs, kind, "time")
+def reach(kind, baseline, arm, target, axis):
+    """{reached: the x against axis (steps, tokens, training seconds) at which arm's mean curve of
+    kind first reaches target, own: the baseline's (its mean curve's last x), ratio: reached / own},
+    each None where unknown (not logged, never reached, a kind of no known direction)."""
+    found = {"reached": None, "own": None, "ratio": None}
+    base_curve = mean_curve(baseline.runs, kind, axis)
+    arm_curve = mean_curve(arm.runs, kind, axis)
     if direction(kind) is None or not base_curve or not arm_curve:
         return found
     reached = time_to_reach(arm_curve, target, direction(kind) == "lower")
     own = base_curve[-1][0]
-    found.update(time_to_baseline_s=number(reached), baseline_time_s=number(own))
+    found.update(reached=number(reached), own=number(own))
     if reached is not None and own > 0:
-        found["time_ratio"] = number(reached / own)
+        found["ratio"] = number(reached / own)
+    return found
+
+
+def seconds_withheld(baseline, arm):
+    """Why the training seconds to the baseline's final value are not compared, or None. Seconds
+    measure the arm only where its step time differs from the baseline's beyond their spreads (the
+    ranges low_ms..high_ms of step_time do not overlap): within them, the machine's load (a seed
+    run during a peak) can make the difference. Steps and tokens are compared either way."""
+    base = baseline.step_time
+    other = arm.step_time
+    if base is None or other is None:
+        return "the step times (ms) are not logged, so the machine's load is not known"
+    if other["high_ms"] < base["low_ms"] or base["high_ms"] < other["low_ms"]:
+        return None
+    spreads = []
+    for a, found in ((arm, other), (baseline, base)):
+        spread = f"{found['low_ms']:.1f}..{found['high_ms']:.1f}"
+        spreads.append(f"{a.name} {found['median_ms']:.1f} ms, spread {spread}")
+    return (
+        f"the step times overlap within their spreads ({'; '.join(spreads)}): the seconds would"
+        " measure the machine's load as much as the arm"
+    )
+
+
+def time_to_baseline(kind, baseline, arm, target):
+    """The equal-compute view of kind: the steps, tokens and training seconds at which arm's mean
+    curve first reaches target (the baseline's final mean), the baseline's own and their ratios
+    (reach's); the seconds None, and seconds_withheld saying why, where the step times do not
+    differ beyond their spreads (seconds_withheld's rule)."""
+    steps = reach(kind, baseline, arm, target, "step")
+    tokens = reach(kind, baseline, arm, target, "tokens")
+    seconds = reach(kind, baseline, arm, target, "time")
+    found = {
+        "steps_to_baseline": steps["reached"],
+        "baseline_steps": steps["own"],
+        "step_ratio": steps["ratio"],
+        "tokens_to_baseline": tokens["reached"],
+        "baseline_tokens": tokens["own"],
+        "token_ratio": tokens["ratio"],
+        "time_to_baseline_s": seconds["reached"],
+        "baseline_time_s": seconds["own"],
+        "time_ratio": seconds["ratio"],
+        "seconds_withheld": None,
+    }
+    withheld = seconds_withheld(baseline, arm)
+    if seconds["own"] is not None and withheld is not None:
+        found.update(time_to_baseline_s=None, baseline_time_s=None, time_ratio=None)
+        found["seconds_withheld"] = withheld
     return found
 
 
@@ -933,7 +1039,10 @@ def compare_metric(kind, baseline, arm):
     row = {"arm": arm.name, "baseline": baseline.name, "metric": kind, "test": None}
     row.update(mean=None, baseline_mean=None, n=[len(other), len(base)], diff=None)
     row.update(ci95=None, p=None, seeds_needed=None)
+    row.update(steps_to_baseline=None, baseline_steps=None, step_ratio=None)
+    row.update(tokens_to_baseline=None, baseline_tokens=None, token_ratio=None)
     row.update(time_to_baseline_s=None, baseline_time_s=None, time_ratio=None)
+    row.update(seconds_withheld=None)
     if not all(math.isfinite(value) for _, value in base + other):
         row["verdict"] = f"{kind}: not compared, a final value is not finite"
         return row
@@ -1264,6 +1373,9 @@ def arm_text(arm, metrics):
     for run, why in arm.left_out:
         lines.append(f"left out: {run.name} (seed {seed_text(run)}): {why}")
     lines += arm.notes
+    line = step_time_text(arm)
+    if line is not None:
+        lines.append(line)
     for changed in code_changes(first_run(arm)):
         modules = ", ".join(changed["modules"])
         lines.append(f"code changed at step {changed['step']}: {modules}")
@@ -1287,19 +1399,49 @@ def arm_text(arm, metrics):
     return text
 
 
+def ratio_text(ratio, own):
+    """The ratio in words, as " (0.70 x own)", or "" when it is not known."""
+    if ratio is None:
+        return ""
+    return f" ({ratio:.2f} x {own})"
+
+
 def time_text(row):
-    """The val comparison's time to the baseline's final val, as a line, or None."""
-    if row["baseline_time_s"] is None:
+    """The val comparison's time to the baseline's final val in steps, tokens and training seconds
+    (or why the seconds are withheld), as a line, or None."""
+    if row["baseline_steps"] is None:
         return None
-    reached = row["time_to_baseline_s"]
     base = row["baseline"]
     target = f"{base}'s final val {fmt(row['baseline_mean'])}"
-    if reached is None:
+    if row["steps_to_baseline"] is None:
         return f"time: never reaches {target}"
-    text = f"time: reaches {target} at {reached:.1f} s"
-    if row["time_ratio"] is not None:
-        text += f", {row['time_ratio']:.2f} x {base}'s {row['baseline_time_s']:.1f} s"
+    own = f"{base}'s {row['baseline_steps']:,.0f}"
+    parts = [f"step {row['steps_to_baseline']:,.0f}" + ratio_text(row["step_ratio"], own)]
+    if row["tokens_to_baseline"] is not None:
+        own = f"{row['baseline_tokens']:,.0f}"
+        tokens = f"{row['tokens_to_baseline']:,.0f} tokens"
+        parts.append(tokens + ratio_text(row["token_ratio"], own))
+    if row["time_to_baseline_s"] is not None:
+        own = f"{row['baseline_time_s']:.1f} s"
+        seconds = f"{row['time_to_baseline_s']:.1f} s"
+        parts.append(seconds + ratio_text(row["time_ratio"], own))
+    text = f"time: reaches {target} at {', '.join(parts)}"
+    if row["seconds_withheld"] is not None:
+        text += f"; seconds withheld: {row['seconds_withheld']}"
     return text
+
+
+def step_time_text(arm):
+    """An arm's step time and throughput (step_time's) as a line, or None when not logged."""
+    found = arm.step_time
+    if found is None:
+        return None
+    spread = f"{found['low_ms']:.1f}..{found['high_ms']:.1f} ms"
+    text = f"step time: {found['median_ms']:.1f} ms median over {found['steps']:,} steps"
+    text += f" (spread {spread}: its runs' lowest 25th to highest 75th percentile)"
+    if found["tok_per_s"] is not None:
+        text += f", {found['tok_per_s']:,.0f} tok/s"
+    return text + f"; each run's first {WARMUP_STEPS} steps after a start left out"
 
 
 def report(arms, metrics, comparisons):
@@ -1332,7 +1474,7 @@ def report_json(arms, metrics, comparisons):
         entry["left_out"] = [
             {"run": run.name, "seed": run.seed, "why": why} for run, why in arm.left_out
         ]
-        entry.update(end=arm.end, notes=arm.notes)
+        entry.update(end=arm.end, notes=arm.notes, step_time=arm.step_time)
         entry.update(metrics=stats, code_changes=code_changes(first_run(arm)))
         # what the text says differs from the baseline (its lines: config, data, "code
         # differs:" and the diff, or "same code"); the baseline's own: None

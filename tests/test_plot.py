@@ -220,24 +220,31 @@ def write_result(log_dir: Path, status="finished", steps=10, seconds=1.0):
 def write_run(
     root: Path, name: str, seed=1, val=None, steps=10, seconds=1.0, status="finished", **start
 ) -> Path:
-    """A run as the trainer writes it: each step's train, tokens (512 a step) and time (seconds a
-    step, through the step) in log.txt, val {step: value} (default: {steps: 3.0}), one start and
-    its result at steps (status None: none, the run still training or killed)."""
+    """A run as the trainer writes it: each step's train, ms and tok_per_s (seconds a step, or a
+    list of each step's), tokens (512 a step) and time (through the step) in log.txt, val {step:
+    value} (default: {steps: 3.0}), one start and its result at steps (status None: none, the run
+    still training or killed)."""
     log_dir = root / name
     val = {steps: 3.0} if val is None else val
+    if not isinstance(seconds, list):
+        seconds = [seconds] * steps
     lines = []
+    time = 0.0
     for step in range(steps + 1):
         if step in val:
             lines.append(f"{step} val {val[step]}")
         if step < steps:
+            time += seconds[step]
             lines.append(f"{step} train {4 - step / 10:.4f}")
+            lines.append(f"{step} ms {seconds[step] * 1000:.6g}")
+            lines.append(f"{step} tok_per_s {512 / seconds[step]:.6g}")
             lines.append(f"{step} tokens {(step + 1) * 512}")
-            lines.append(f"{step} time {(step + 1) * seconds:.6g}")
+            lines.append(f"{step} time {time:.6g}")
     log_dir.mkdir(parents=True, exist_ok=True)
     (log_dir / "log.txt").write_text("".join(line + "\n" for line in lines))
     write_start(log_dir, seed, **start)
     if status is not None:
-        write_result(log_dir, status, steps, seconds)
+        write_result(log_dir, status, steps, time / max(steps, 1))
     return log_dir
 
 
@@ -580,12 +587,22 @@ def test_time_to_reach_the_baselines_final_val(tmp_path, monkeypatch, capsys):
     write_run(tmp_path, "slow", 1, val={0: 4.0, 5: 3.5, 10: 2.5}, max_lr=1e-4)
     result = json_of(["base1", "base2", "fast1", "fast2", "slow"], capsys)
     fast = comparison(result, "val", "fast1")
+    # at step 7, after 3,584 tokens: 0.7 of the baseline's 10 steps and 5,120 tokens
+    assert fast["steps_to_baseline"] == pytest.approx(7.0)
+    assert fast["step_ratio"] == pytest.approx(0.7)
+    assert fast["tokens_to_baseline"] == pytest.approx(3584)
+    assert fast["baseline_tokens"] == pytest.approx(5120)
     assert fast["time_to_baseline_s"] == pytest.approx(3.5)
     assert fast["time_ratio"] == pytest.approx(0.35)
     assert fast["baseline_time_s"] == pytest.approx(10.0)
+    # 500 ms a step against 1000: the seconds are the arm's
+    assert fast["seconds_withheld"] is None
     assert comparison(result, "val", "slow")["time_to_baseline_s"] is None
     out = report_of(["base1", "base2", "fast1", "fast2", "slow"], capsys)
-    assert "time: reaches base1's final val 2.1000 at 3.5 s, 0.35 x base1's 10.0 s\n" in out
+    assert (
+        "time: reaches base1's final val 2.1000 at step 7 (0.70 x base1's 10), 3,584 tokens (0.70"
+        " x 5,120), 3.5 s (0.35 x 10.0 s)\n"
+    ) in out
     assert "time: never reaches base1's final val 2.1000\n" in out
 
 
@@ -1264,3 +1281,58 @@ def test_a_named_arm_names_the_runs_that_differ_from_its_first(tmp_path, monkeyp
     assert len(notes) == 1 and notes[0].startswith("warning: wsd-long-1 differs from wsd-1")
     # runs of one config and code named together: no warning
     assert result["arms"][0]["notes"] == []
+
+
+# ----------------------------------------------------------------------------------------------
+# issue 49: equal compute that a busy machine cannot fake
+
+
+def test_seconds_are_withheld_when_the_step_times_do_not_differ_beyond_their_spread(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.chdir(tmp_path)
+    steady = [0.117, 0.121] * 15
+    base = {0: 4.0, 10: 3.0, 20: 2.5, 30: 2.0}
+    # the baseline, its first step compiling for 30 s (a warm-up step: not its step time)
+    write_run(tmp_path, "base-1", 1, val=base, steps=30, seconds=[30.0] + steady[1:])
+    write_run(tmp_path, "base-2", 2, val=base, steps=30, seconds=steady)
+    # the baseline again, bit for bit, its seed 2 run during a load peak (steps 10-29 slower)
+    write_run(tmp_path, "again-1", 1, val=base, steps=30, seconds=steady)
+    write_run(tmp_path, "again-2", 2, val=base, steps=30, seconds=steady[:10] + [0.2] * 20)
+    # an edit that reaches the baseline's final val in two thirds of its steps at about the
+    # same step time (122 against 119 ms): in seconds it would look faster still
+    better = {0: 4.0, 10: 2.5, 20: 2.0, 30: 1.8}
+    for seed in (1, 2):
+        write_run(tmp_path, f"edit-{seed}", seed, val=better, steps=30, seconds=[0.12, 0.124] * 15)
+    argv = ["--arm", "base", "base-1", "base-2", "--arm", "again", "again-1", "again-2"]
+    argv += ["--arm", "edit", "edit-1", "edit-2"]
+    result = json_of(argv, capsys)
+    times = [arm["step_time"] for arm in result["arms"]]
+    for found in times:
+        assert found["low_ms"] <= found["median_ms"] <= found["high_ms"]
+        assert found["warmup_steps"] == 5 and found["steps"] == 2 * (30 - 5)
+        assert found["tok_per_s"] > 0
+    # the compiling step is left out: the baseline's spread is its steady steps'
+    assert times[0]["high_ms"] < 1000
+    # the load peak widens the spread of the arm it fell on
+    assert times[1]["high_ms"] > times[0]["high_ms"]
+    for name in ("again", "edit"):
+        row = comparison(result, "val", name)
+        assert row["seconds_withheld"].startswith("the step times overlap within their spreads")
+        assert row["time_to_baseline_s"] is None and row["time_ratio"] is None
+        assert row["baseline_steps"] == 30 and row["baseline_tokens"] == 30 * 512
+    edit = comparison(result, "val", "edit")
+    assert edit["steps_to_baseline"] == pytest.approx(20)
+    assert edit["tokens_to_baseline"] == pytest.approx(20 * 512)
+    assert edit["step_ratio"] == pytest.approx(2 / 3)
+    again = comparison(result, "val", "again")
+    assert again["steps_to_baseline"] == pytest.approx(30) and again["step_ratio"] == 1
+    out = text_of(argv, capsys)
+    assert out.count("; each run's first 5 steps after a start left out\n") == 3
+    assert (
+        " ms median over 50 steps (spread 117.0..121.0 ms: its runs' lowest 25th to highest" in out
+    )
+    assert (
+        "time: reaches base's final val 2.0000 at step 20 (0.67 x base's 30), 10,240 tokens (0.67"
+        " x 15,360); seconds withheld: the step times overlap within their spreads (edit"
+    ) in out
