@@ -77,6 +77,9 @@ AXES = {"step": "step", "tokens": "tokens", "time": "training seconds"}
 RUN_ONLY = {"seed", "log_dir", "resume"}
 # skipped log lines named one by one; the rest counted
 MAX_WARNINGS = 3
+# A final value beyond LARGEST (a diverged run) is not averaged or tested: the squares a standard
+# deviation and a t-test take would overflow a float (1.8e308), and a mean of values near 1e308 too
+LARGEST = 1e150
 # the steps after each process start that an arm's step time leaves out: compilation and warm-up
 # make them slow
 WARMUP_STEPS = 5
@@ -772,13 +775,18 @@ def number(x):
     return float(x)
 
 
+def averaged(value):
+    """Whether a final value takes part in means, spreads and tests: finite and at most LARGEST."""
+    return math.isfinite(value) and abs(value) <= LARGEST
+
+
 def summary(arm, kind):
     """{mean, sd, values, steps, n} of kind's final values in arm's counted runs: values and the
     steps they were logged at, one a run (None: not logged), sd None below 2 runs, mean and sd None
-    when a value is not finite."""
+    when a value is not averaged (not finite, or beyond LARGEST)."""
     by_run = {run.name: run.series[kind][-1] for run in arm.runs if run.series.get(kind)}
     values = [value for _, value in by_run.values()]
-    finite = all(math.isfinite(v) for v in values)
+    finite = all(averaged(v) for v in values)
     mean = statistics.fmean(values) if values and finite else None
     sd = statistics.stdev(values) if len(values) > 1 and finite else None
     return {
@@ -901,8 +909,10 @@ def t_test(base, other):
     from scipy import stats
 
     seeds = [seed for seed, _ in base]
-    paired = None not in seeds and len(set(seeds)) == len(seeds)
-    paired = paired and sorted(seeds) == sorted(seed for seed, _ in other)
+    other_seeds = [seed for seed, _ in other]
+    # pairs only of seeds recorded as ints (a seed of another type is None), each once an arm
+    paired = None not in seeds + other_seeds and len(set(seeds)) == len(seeds)
+    paired = paired and sorted(seeds) == sorted(other_seeds)
     base_values = [value for _, value in base]
     arm_values = [value for _, value in other]
     if paired:
@@ -925,12 +935,25 @@ def t_test(base, other):
     return "paired" if paired else "welch", [ci.low, ci.high], float(result.pvalue), spreads
 
 
+def drawable(curve):
+    """curve's (step, x, value) points with an x or value beyond LARGEST made nan: matplotlib draws
+    no nan (nor inf), and a sum of values near 1e308 would overflow its axis' arithmetic."""
+    found = []
+    for step, x, value in curve:
+        if abs(x) > LARGEST:
+            x = math.nan
+        if abs(value) > LARGEST:
+            value = math.nan
+        found.append((step, x, value))
+    return found
+
+
 def mean_curve(runs, kind, axis):
     """An arm's curve of kind against axis: [(x, mean, min, max)] at each step every run that logged
     kind has a point at (x the runs' mean), then, when the runs end at different steps (time
     bounded), at the mean of their last points. [] when a run has no points against axis (an older
     log: no time)."""
-    curves = [points(run, kind, axis) for run in runs if run.series.get(kind)]
+    curves = [drawable(points(run, kind, axis)) for run in runs if run.series.get(kind)]
     if not curves or not all(curves):
         return []
     by_step = [{step: (x, value) for step, x, value in curve} for curve in curves]
@@ -1043,8 +1066,9 @@ def compare_metric(kind, baseline, arm):
     row.update(tokens_to_baseline=None, baseline_tokens=None, token_ratio=None)
     row.update(time_to_baseline_s=None, baseline_time_s=None, time_ratio=None)
     row.update(seconds_withheld=None)
-    if not all(math.isfinite(value) for _, value in base + other):
-        row["verdict"] = f"{kind}: not compared, a final value is not finite"
+    if not all(averaged(value) for _, value in base + other):
+        largest = f"{LARGEST:.0e}"
+        row["verdict"] = f"{kind}: not compared, a final value is not finite or beyond {largest}"
         return row
     base_mean = statistics.fmean(value for _, value in base)
     arm_mean = statistics.fmean(value for _, value in other)
@@ -1549,12 +1573,14 @@ def compare(log_dirs, out, as_json, warn=None, named=()):
         comparisons.append([row for row in rows if row is not None])
     if out is not None:
         write_png(out, comparison_figure(arms, references_for(every)))
+    # through fineweb.say: a closed stdout (`plot.py --json ... | head -1`) ends the printing
+    # quietly, not in a BrokenPipeError
     if as_json:
-        print(report_json(arms, metrics, comparisons))
+        fineweb.say(report_json(arms, metrics, comparisons))
         return
-    print(report(arms, metrics, comparisons))
+    fineweb.say(report(arms, metrics, comparisons))
     if out is not None:
-        print(f"wrote {out}")
+        fineweb.say(f"wrote {out}")
 
 
 def check_out(out, log_dirs):
@@ -1658,7 +1684,7 @@ def main(argv=None):
             compare(args.log_dirs, out, args.json, warn, args.arm)
         else:
             out = write_curves(args.log_dirs[0], out, warn=warn)
-            print(f"wrote {out}")
+            fineweb.say(f"wrote {out}")
     except (OSError, ValueError, ImportError) as e:
         sys.exit(f"plot.py: error: {e}")
 

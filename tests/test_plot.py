@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import main_error, one_line_error, run_program
+from conftest import main_error, one_line_error, run_program, run_with_stdout_closed
 
 import plot
 
@@ -1336,3 +1336,96 @@ def test_seconds_are_withheld_when_the_step_times_do_not_differ_beyond_their_spr
         "time: reaches base's final val 2.0000 at step 20 (0.67 x base's 30), 10,240 tokens (0.67"
         " x 15,360); seconds withheld: the step times overlap within their spreads (edit"
     ) in out
+
+
+# ----------------------------------------------------------------------------------------------
+# issue 49: no traceback on any record a run or a user can write
+
+
+def test_final_values_near_the_float_limit_are_not_averaged(tmp_path):
+    # a diverged run's val near 1e308: math.fsum's OverflowError was a traceback
+    for seed, value in {1: 1.7e308, 2: 1.6e308, 3: 1.5e308}.items():
+        write_run(tmp_path, f"base-{seed}", seed, val={0: 4.0, 10: value})
+    for seed, value in {1: 1e308, 2: 1.1e308, 3: 0.9e308}.items():
+        run = write_run(tmp_path, f"edit-{seed}", seed, val={0: 4.0, 10: value}, n_layer=6)
+        add_metric(run, "ms", {10: 1.7e308})
+    dirs = [f"base-{seed}" for seed in (1, 2, 3)] + [f"edit-{seed}" for seed in (1, 2, 3)]
+    result = run_program("plot.py", [*dirs, "--out", "c.png"], cwd=tmp_path)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert "\nval: not compared, a final value is not finite or beyond 1e+150\n" in result.stdout
+    assert (tmp_path / "c.png").read_bytes()[:8] == PNG
+    found = json.loads(run_program("plot.py", ["--json", *dirs], cwd=tmp_path).stdout)
+    assert found["arms"][0]["metrics"]["val"]["mean"] is None
+    assert comparison(found, "val")["p"] is None
+
+
+def test_a_seed_that_is_not_an_int_is_named_and_not_paired(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    for seed in (1, 2, 3):
+        write_run(tmp_path, f"base-{seed}", seed, val={10: 3.1 + seed / 100})
+    # seeds "1", true and 2.0 (hand-written records): a TypeError in the pairing was a traceback
+    for name, seed in (("str", "1"), ("true", True), ("float", 2.0), ("int", 3)):
+        write_run(tmp_path, f"edit-{name}", seed, val={10: 3.0 + len(name) / 100}, n_layer=6)
+    dirs = ["base-1", "base-2", "base-3", "edit-str", "edit-true", "edit-float", "edit-int"]
+    result = json_of(dirs, capsys)
+    edit = result["arms"][1]
+    assert edit["seeds"] == [None, None, None, 3] and edit["n"] == 4
+    assert edit["notes"] == [
+        'edit-str: seed "1" is not an integer: counted, not paired by seed',
+        "edit-true: seed true is not an integer: counted, not paired by seed",
+        "edit-float: seed 2.0 is not an integer: counted, not paired by seed",
+    ]
+    assert comparison(result, "val")["test"] == "welch"
+    out = text_of(dirs, capsys)
+    assert "edit-str: 4 runs (edit-str, edit-true, edit-float, edit-int), seeds ?, ?, ?, 3\n" in out
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        {"result": "finished"},
+        {"result": None},
+        {"result": {"status": 1, "steps": "10"}},
+        {"result": {"status": "finished", "steps": True}},
+        {"result": {"status": "done", "steps": 10}},
+        {"step": 5, "code_added": "mylib/attn.py"},
+        {"step": "5", "code_added": {"mylib/attn.py": 5}},
+        {"step": 5, "code_added": {"mylib/attn.py": "code/gone.py"}},
+        {"step": 5, "code_added": []},
+    ],
+    ids=lambda line: json.dumps(line)[:40],
+)
+def test_a_result_or_code_added_line_of_another_shape_is_named(tmp_path, monkeypatch, capsys, line):
+    monkeypatch.chdir(tmp_path)
+    write_run(tmp_path, "a", 1)
+    b = write_run(tmp_path, "b", 2)
+    lines = (b / "runs.jsonl").read_text().splitlines()
+    if "result" in line:
+        lines[-1] = json.dumps(line)  # in place of its result
+    else:
+        lines.insert(1, json.dumps(line))
+    (b / "runs.jsonl").write_text("".join(line + "\n" for line in lines))
+    result = json_of(["a", "b"], capsys)
+    out = text_of(["a", "b"], capsys)
+    if "result" in line:
+        assert arms_of(result) == {"a": ["a"]}
+        assert result["arms"][0]["left_out"][0]["why"] == "its result record is not readable"
+        assert "\nleft out: b (seed 2): its result record is not readable\n" in out
+    else:
+        # what b imported is not known: never the same code as a's
+        assert arms_of(result) == {"a": ["a"], "b": ["b"]}
+        assert "same code" not in out
+
+
+def test_a_closed_stdout_ends_the_printing_quietly(tmp_path):
+    # `plot.py --json ... | head -1` with the reader gone first: exit 0, nothing on stderr (a
+    # BrokenPipeError was one line of error and exit 1)
+    dirs = [write_run(tmp_path, f"base-{seed}", seed) for seed in (1, 2)]
+    dirs.append(write_run(tmp_path, "edit-1", 1, n_layer=6))
+    returncode, err = run_with_stdout_closed("plot.py", ["--json", *dirs])
+    assert returncode == 0 and err == "", err
+    returncode, err = run_with_stdout_closed("plot.py", [*dirs, "--out", tmp_path / "c.png"])
+    assert returncode == 0 and err == "", err
+    assert (tmp_path / "c.png").read_bytes()[:8] == PNG
+    returncode, err = run_with_stdout_closed("plot.py", [dirs[0]])
+    assert returncode == 0 and err == "", err
