@@ -5,38 +5,76 @@ Training curves: a run's log.txt drawn as one PNG, or runs compared with their s
     python plot.py log/shakespeare --out curves.png
     python plot.py log/base-1 log/base-2 log/rope-1 log/rope-2   # compare.png and a report
     python plot.py --json log/base-* log/rope-*     # the report as JSON (a picture only with --out)
+    python plot.py --arm base log/base-[123] --arm null log/base-[456]   # arms named by hand
 
 log.txt has one `step kind value` line per measured value (tokens and time, the tokens and the
 training seconds so far, are bookkeeping); runs.jsonl one start record per process start (its
-config, model, data, the kept sources of every module it imported, its git commit and diff) and
-a result record when a run ends.
+config, model, data, the kept sources of every module it imported, its git commit and diff), a
+code_added line when a run imported, after its start, modules it had not recorded, and a result
+record when a run ends (finished or stopped).
 
 One run: the losses (train, val) share a panel, HellaSwag (hella) has its own, and every other
 kind gets one too: a new metric needs no code here.
 
 Several runs are grouped into arms: runs whose configs differ only in seed, log_dir and resume,
 on the same data, that ran the same sources of every module (over their whole history: a resume
-under other code makes another run) are one arm, named by its first run. The report:
-- each arm: n, and for each metric (train, val, bpb, hella, any kind a fork logs) the mean,
-  the sample standard deviation and each run's final value (its last logged one);
+under other code, or a module imported after the start, which a code_added line records, makes
+another run from that step) are one arm, named by its first run. `--arm NAME LOG_DIR ...`
+(repeatable) makes an arm by hand, after the log_dirs grouped so: seeds 1-3 against 4-6 of one
+config is the null comparison, the check of the false-positive rate at the spread seen. A run of
+a named arm whose config or code differs from the arm's first run's is named in a warning line.
+
+Which runs are an arm's seeds: a run counts when the result after its last start says it
+finished, where most of the arm's finished runs ended (the same step and tokens; a time-bounded
+run, --max_minutes, at the end of its budget: such runs are compared at equal training time,
+not equal steps), and once a seed (the first given of a seed counts). The others are named with
+why: stopped (at step 14 of 30), no result (still training, or killed), ended elsewhere, the
+seed again. A run whose records are older than result records counts, with a note that its end
+is not recorded. A seed is an int (never a bool): a run whose seed is not is named, and the
+arms are not paired.
+
+The report:
+- each arm: n, the runs left out and why, its notes, its step time and throughput, and for each
+  metric (train, val, bpb, hella, any kind a fork logs) the mean, the sample standard deviation,
+  each run's final value (its last logged one) and the step it comes from;
 - each arm after the first against the first (the baseline), metric by metric: the difference of
   means with its 95% confidence interval and p-value (a paired t-test when both arms ran the same
-  seeds, each once, else Welch's), in words; when no difference is found, how many seeds would
-  find the observed one; and the training seconds at which the arm's mean curve first reaches
-  the baseline's final mean (equal compute);
+  seeds, each once, else Welch's; scipy's), in words; when no difference is found, how many seeds
+  would find the observed one; and the steps, tokens and training seconds at which the arm's mean
+  curve first reaches the baseline's final mean (equal compute);
 - what differs from the baseline: config, data, and the code (a unified diff of each module that
-  differs; a change of code at a resume; the files only a git diff holds, named).
-compare.png draws each arm as its mean curve and a band (min..max of its runs) against steps,
-tokens and training seconds. --json prints {"arms": [{"name", "runs", "n", "seeds", "metrics":
-{KIND: {"mean", "sd", "values", "n"}}, "code_changes", "vs_baseline"}], "comparisons": [{"arm",
-"baseline", "metric", "test", "diff", "ci95", "p", "time_to_baseline_s", "verdict", ...}]}:
-vs_baseline holds the lines the text prints of what differs from the baseline (None for it).
+  differs; a change of code at a resume or by a module imported later; the files only a git diff
+  holds, named). "same code" only for runs that ran the same sources over their whole histories.
+A final value beyond 1e150 (a diverged run) is not averaged or tested (its square would overflow).
+
+Equal compute that a busy machine cannot fake: an arm's step time is the median of the ms its
+runs logged at every step but the first 5 after each process start (compilation, warm-up), its
+spread from the lowest run's 25th percentile to the highest run's 75th (a run slowed by a load
+peak widens it). The time to the baseline's final value is given in seconds only when the two
+arms' spreads do not overlap; else the seconds are withheld, and why said: the steps and tokens
+stand either way.
+
+compare.png draws each arm's counted runs as their mean curve and a band (min..max) against steps,
+tokens and training seconds. --json prints {"arms": [...], "comparisons": [...]}:
+- an arm: {"name", "named" (by --arm), "runs", "n", "seeds" (of the runs counted; a seed that is
+  not an int: null), "left_out": [{"run", "seed", "why"}], "end": {"steps", "tokens",
+  "max_minutes"} (where its runs ended; max_minutes for a time-bounded arm), "notes" (the lines the
+  text prints under its header, warnings included), "step_time": {"median_ms", "low_ms",
+  "high_ms", "tok_per_s", "steps", "warmup_steps"} (null: no ms logged), "metrics": {KIND:
+  {"mean", "sd", "values", "steps", "n"}}, "code_changes": [{"step", "modules"}], "vs_baseline"}
+  (vs_baseline: the lines the text prints of what differs from the baseline; None for it);
+- a comparison: {"arm", "baseline", "metric", "test", "mean", "baseline_mean", "n", "diff",
+  "ci95", "p", "seeds_needed", "steps_to_baseline", "baseline_steps", "step_ratio",
+  "tokens_to_baseline", "baseline_tokens", "token_ratio", "time_to_baseline_s",
+  "baseline_time_s", "time_ratio", "seconds_withheld" (why the seconds are null, or null),
+  "verdict"}.
 
 GPT-2 124M's reference lines are drawn only when every run is on FineWeb-Edu: elsewhere they
 mislead.
 
-Imports the standard library and fineweb (its atomic write) at module level; matplotlib when it
-draws and scipy when it compares; never train_gpt2, which imports this module.
+Imports the standard library and fineweb (its atomic write, and say: a closed stdout ends the
+printing quietly) at module level; matplotlib when it draws, numpy and scipy when it compares;
+never train_gpt2, which imports this module.
 """
 
 import argparse
@@ -265,9 +303,9 @@ def history_of(records):
 
 
 def result_of(records):
-    """The result record after the last start of a run's records as {status, steps, tokens, time}
-    (a field of another type None), or None when the last start has none after it: the run is
-    still training, or was killed."""
+    """The result record after the last start of a run's records as {status, steps, tokens} (a
+    field of another type None, a result not an object all None), or None when the last start has
+    none after it: the run is still training, or was killed."""
     result = None
     for record in records:
         if is_start(record):
@@ -1668,7 +1706,7 @@ def main(argv=None):
             parser.error(f"--arm {name} is given twice: name each arm once")
         names.append(name)
     log_dirs = args.log_dirs + [log_dir for arm in args.arm for log_dir in arm[1:]]
-    comparing = len(log_dirs) > 1 or args.json or args.arm
+    comparing = len(log_dirs) > 1 or args.json or len(args.arm) > 0
     out = args.out
     if out is None and comparing and not args.json:
         out = "compare.png"

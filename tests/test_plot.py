@@ -3,8 +3,12 @@ FineWeb-Edu runs, the PNG written atomically (a killed writer's temp file remove
 several runs grouped into arms (seeds of one config and code), each arm's mean, sd and values, arms
 compared with their seed noise (paired or Welch t-tests checked against scipy and a textbook, the
 power of more seeds, the time to the baseline's final val), drawn as mean and band against steps,
-tokens and time; what differs in config and every module's code; records of any shape read without
-a traceback; one line on stderr for bad input."""
+tokens and time; what differs in config and every module's code (over a run's whole history,
+modules imported after its start included); which runs are seeds (finished, where their arm's runs
+ended, once a seed); arms named by hand (the null comparison); each arm's step time, and the
+seconds to the baseline withheld when the step times do not differ beyond their spread; records of
+any shape read without a traceback; a closed stdout ends quietly; one line on stderr for bad
+input."""
 
 import hashlib
 import json
@@ -1157,6 +1161,29 @@ def test_a_run_is_a_seed_only_when_it_finished(tmp_path, monkeypatch, capsys):
     # the step each final value comes from
     assert "| val    | 3.0450 ± 0.0071 | 3.0500 3.0400 | 30   |" in out
     assert "2 vs 4 seeds" in row["verdict"]
+
+
+def test_time_bounded_runs_are_compared_at_equal_training_time(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    # --max_minutes: each run ends after the step that spends its budget, at a step its pace
+    # sets (10, 8); one reached --max_steps first, before its budget was spent
+    budget = {"max_minutes": 0.15, "max_steps": 12}
+    write_run(tmp_path, "a1", 1, val={0: 4.0, 5: 3.0, 10: 2.0}, steps=10, **budget)
+    write_run(tmp_path, "a2", 2, val={0: 4.0, 5: 3.2, 8: 2.6}, steps=8, **budget)
+    write_run(tmp_path, "a3", 3, val={0: 4.0, 5: 3.0, 12: 1.8}, steps=12, seconds=0.5, **budget)
+    result = json_of(["a1", "a2", "a3"], capsys)
+    arm = result["arms"][0]
+    assert arm["runs"] == ["a1", "a2"] and arm["metrics"]["val"]["steps"] == [10, 8]
+    assert arm["end"] == {"steps": None, "tokens": None, "max_minutes": 0.15}
+    why = "finished at step 12 (6,144 tokens); the arm's runs after 0.15 minutes of training"
+    assert arm["left_out"] == [{"run": "a3", "seed": 3, "why": why}]
+    out = text_of(["a1", "a2", "a3"], capsys)
+    assert (
+        "\ntime-bounded (--max_minutes 0.15): each run's final values are those at the end of its"
+        " 0.15 minutes of training steps, compared at equal training time, not equal steps (the"
+        " step column)\n"
+    ) in out
+    assert "| val    | 2.3000 ± 0.4243 | 2.0000 2.6000 | 10 8 |" in out
 
 
 def test_an_arm_with_no_finished_run_is_not_compared(tmp_path, monkeypatch, capsys):
