@@ -3,8 +3,12 @@ FineWeb-Edu runs, the PNG written atomically (a killed writer's temp file remove
 several runs grouped into arms (seeds of one config and code), each arm's mean, sd and values, arms
 compared with their seed noise (paired or Welch t-tests checked against scipy and a textbook, the
 power of more seeds, the time to the baseline's final val), drawn as mean and band against steps,
-tokens and time; what differs in config and every module's code; records of any shape read without
-a traceback; one line on stderr for bad input."""
+tokens and time; what differs in config and every module's code (over a run's whole history,
+modules imported after its start included); which runs are seeds (finished, where their arm's runs
+ended, once a seed); arms named by hand (the null comparison); each arm's step time, and the
+seconds to the baseline withheld when the step times do not differ beyond their spread; records of
+any shape read without a traceback; a closed stdout ends quietly; one line on stderr for bad
+input."""
 
 import hashlib
 import json
@@ -14,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import main_error, one_line_error, run_program
+from conftest import main_error, one_line_error, run_program, run_with_stdout_closed
 
 import plot
 
@@ -179,8 +183,11 @@ def keep(log_dir: Path, relpath: str, text: str) -> str:
     return kept
 
 
-def write_start(log_dir: Path, seed=1, step=0, sources=SOURCES, git_diff=None, **config):
-    """A start record appended to runs.jsonl, its modules and git diff kept under code/."""
+def write_start(
+    log_dir: Path, seed=1, step=0, sources=SOURCES, git_diff=None, code_changed=None, **config
+):
+    """A start record appended to runs.jsonl, its modules and git diff kept under code/;
+    code_changed: the trainer's list of the modules changed since the checkpoint."""
     config = {"n_layer": 12, "max_lr": 6e-4, "total_batch_size": 512, "resume": "", **config}
     record = {
         "step": step,
@@ -198,29 +205,63 @@ def write_start(log_dir: Path, seed=1, step=0, sources=SOURCES, git_diff=None, *
         },
         "time": "2026-12-02T22:40:00+00:00",
     }
+    if code_changed is not None:
+        record["code_changed"] = code_changed
     log_dir.mkdir(parents=True, exist_ok=True)
     with open(log_dir / "runs.jsonl", "a") as f:
         f.write(json.dumps(record) + "\n")
     return record
 
 
-def write_run(root: Path, name: str, seed=1, val=None, steps=10, seconds=1.0, **start) -> Path:
-    """A run as the trainer writes it: each step's train, tokens (512 a step) and time (seconds a
-    step, through the step) in log.txt, val {step: value} (default: {steps: 3.0}), one start."""
+def write_result(log_dir: Path, status="finished", steps=10, seconds=1.0):
+    """A result record appended to runs.jsonl as the trainer writes it at a run's end."""
+    result = {"status": status, "steps": steps, "tokens": steps * 512, "time": steps * seconds}
+    result.update(peak_memory_gb=0.5, val=3.0, bpb=None, hella=None)
+    with open(log_dir / "runs.jsonl", "a") as f:
+        f.write(json.dumps({"result": result}) + "\n")
+
+
+def write_run(
+    root: Path, name: str, seed=1, val=None, steps=10, seconds=1.0, status="finished", **start
+) -> Path:
+    """A run as the trainer writes it: each step's train, ms and tok_per_s (seconds a step, or a
+    list of each step's), tokens (512 a step) and time (through the step) in log.txt, val {step:
+    value} (default: {steps: 3.0}), one start and its result at steps (status None: none, the run
+    still training or killed)."""
     log_dir = root / name
     val = {steps: 3.0} if val is None else val
+    if not isinstance(seconds, list):
+        seconds = [seconds] * steps
     lines = []
+    time = 0.0
     for step in range(steps + 1):
         if step in val:
             lines.append(f"{step} val {val[step]}")
         if step < steps:
+            time += seconds[step]
             lines.append(f"{step} train {4 - step / 10:.4f}")
+            lines.append(f"{step} ms {seconds[step] * 1000:.6g}")
+            lines.append(f"{step} tok_per_s {512 / seconds[step]:.6g}")
             lines.append(f"{step} tokens {(step + 1) * 512}")
-            lines.append(f"{step} time {(step + 1) * seconds:.6g}")
+            lines.append(f"{step} time {time:.6g}")
     log_dir.mkdir(parents=True, exist_ok=True)
     (log_dir / "log.txt").write_text("".join(line + "\n" for line in lines))
     write_start(log_dir, seed, **start)
+    if status is not None:
+        write_result(log_dir, status, steps, time / max(steps, 1))
     return log_dir
+
+
+def resume_run(log_dir: Path, seed, step, steps=10, **start) -> dict:
+    """log_dir's run (write_run's) as stopped at step and resumed there (--resume auto) to its end
+    at steps: its result says stopped, then a start at step and a result at steps."""
+    lines = (log_dir / "runs.jsonl").read_text().splitlines()
+    # its finished result dropped
+    (log_dir / "runs.jsonl").write_text("".join(line + "\n" for line in lines[:-1]))
+    write_result(log_dir, "stopped", step)
+    record = write_start(log_dir, seed, step=step, resume="auto", **start)
+    write_result(log_dir, steps=steps)
+    return record
 
 
 def json_of(argv, capsys) -> dict:
@@ -393,7 +434,8 @@ def test_one_run_in_an_arm_gives_no_p_value(tmp_path, monkeypatch, capsys):
     write_run(tmp_path, "rope", 1, val={10: 3.0}, n_layer=6)
     write_run(tmp_path, "one", 1, val={10: 3.1})
     result = json_of(["one", "rope"], capsys)
-    assert result["arms"][0]["metrics"]["val"] == {"mean": 3.1, "sd": None, "values": [3.1], "n": 1}
+    val = {"mean": 3.1, "sd": None, "values": [3.1], "steps": [10], "n": 1}
+    assert result["arms"][0]["metrics"]["val"] == val
     row = comparison(result, "val")
     assert (row["test"], row["p"], row["ci95"]) == (None, None, None)
     assert row["diff"] == pytest.approx(-0.1)
@@ -422,8 +464,15 @@ def test_the_json_holds_the_arms_and_comparisons_and_nothing_else(tmp_path, monk
     assert base["n"] == 3 and base["seeds"] == [1, 2, 3]
     assert list(base["metrics"]) == ["train", "val", "hella"]  # tokens and time: bookkeeping
     assert base["metrics"]["hella"]["values"] == [0.26, 0.27, 0.28]
-    assert rope["metrics"]["val"] == {"mean": 3.0, "sd": None, "values": [3.0], "n": 1}
-    assert rope["metrics"]["hella"] == {"mean": None, "sd": None, "values": [None], "n": 0}
+    assert rope["metrics"]["val"] == {
+        "mean": 3.0,
+        "sd": None,
+        "values": [3.0],
+        "steps": [10],
+        "n": 1,
+    }
+    hella = {"mean": None, "sd": None, "values": [None], "steps": [None], "n": 0}
+    assert rope["metrics"]["hella"] == hella
     assert [row["metric"] for row in result["comparisons"]] == ["train", "val"]
     for row in result["comparisons"]:
         keys = {"arm", "baseline", "metric", "test", "diff", "ci95", "p", "time_to_baseline_s"}
@@ -445,7 +494,7 @@ def test_arms_are_runs_that_differ_only_in_seed_log_dir_and_resume(tmp_path, mon
     write_run(tmp_path, "lr2", 2, max_lr=1e-3)
     # resumed (its second start names the checkpoint): the same run, the same arm
     a3 = write_run(tmp_path, "a3", 3)
-    write_start(a3, 3, step=5, resume="auto")
+    resume_run(a3, 3, step=5)
     result = json_of(["a1", "lr1", "a2", "fw", "lr2", "a3"], capsys)
     # in the order of their first runs, named by it
     assert arms_of(result) == {"a1": ["a1", "a2", "a3"], "lr1": ["lr1", "lr2"], "fw": ["fw"]}
@@ -511,13 +560,10 @@ def test_code_changed_at_a_resume_is_shown(tmp_path, monkeypatch, capsys):
     edited = {**SOURCES, "train_gpt2.py": SOURCES["train_gpt2.py"].replace("12\n", "6\n", 1)}
     write_run(tmp_path, "base", 1)
     run = write_run(tmp_path, "resumed", 1)
-    record = write_start(run, 1, step=5, sources=edited, resume="auto")
     # the trainer's word (code_changed); an older record without it: the kept sources say it
-    lines = (run / "runs.jsonl").read_text().splitlines()
-    record["code_changed"] = ["train_gpt2.py"]
-    (run / "runs.jsonl").write_text(f"{lines[0]}\n{json.dumps(record)}\n")
+    resume_run(run, 1, step=5, sources=edited, code_changed=["train_gpt2.py"])
     old = write_run(tmp_path, "old", 2)
-    write_start(old, 2, step=4, sources=edited, resume="auto")
+    resume_run(old, 2, step=4, sources=edited)
     result = json_of(["base", "resumed", "old"], capsys)
     assert arms_of(result) == {"base": ["base"], "resumed": ["resumed"], "old": ["old"]}
     changes = [arm["code_changes"] for arm in result["arms"]]
@@ -545,12 +591,22 @@ def test_time_to_reach_the_baselines_final_val(tmp_path, monkeypatch, capsys):
     write_run(tmp_path, "slow", 1, val={0: 4.0, 5: 3.5, 10: 2.5}, max_lr=1e-4)
     result = json_of(["base1", "base2", "fast1", "fast2", "slow"], capsys)
     fast = comparison(result, "val", "fast1")
+    # at step 7, after 3,584 tokens: 0.7 of the baseline's 10 steps and 5,120 tokens
+    assert fast["steps_to_baseline"] == pytest.approx(7.0)
+    assert fast["step_ratio"] == pytest.approx(0.7)
+    assert fast["tokens_to_baseline"] == pytest.approx(3584)
+    assert fast["baseline_tokens"] == pytest.approx(5120)
     assert fast["time_to_baseline_s"] == pytest.approx(3.5)
     assert fast["time_ratio"] == pytest.approx(0.35)
     assert fast["baseline_time_s"] == pytest.approx(10.0)
+    # 500 ms a step against 1000: the seconds are the arm's
+    assert fast["seconds_withheld"] is None
     assert comparison(result, "val", "slow")["time_to_baseline_s"] is None
     out = report_of(["base1", "base2", "fast1", "fast2", "slow"], capsys)
-    assert "time: reaches base1's final val 2.1000 at 3.5 s, 0.35 x base1's 10.0 s\n" in out
+    assert (
+        "time: reaches base1's final val 2.1000 at step 7 (0.70 x base1's 10), 3,584 tokens (0.70"
+        " x 5,120), 3.5 s (0.35 x 10.0 s)\n"
+    ) in out
     assert "time: never reaches base1's final val 2.1000\n" in out
 
 
@@ -568,11 +624,13 @@ def figure_of(argv, monkeypatch):
 
 def test_arms_are_drawn_as_mean_and_band_against_steps_tokens_and_time(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    write_run(tmp_path, "a1", 1, val={0: 4.0, 5: 3.0, 10: 2.0})
-    # stopped early (time-bounded): the curve's last point is the mean of the runs' last values
-    write_run(tmp_path, "a2", 2, val={0: 4.0, 5: 3.2, 8: 2.6}, steps=8)
+    # time-bounded: a2 spent its budget at step 8, a1 at 10; the curve's last point is the mean of
+    # the runs' last values
+    write_run(tmp_path, "a1", 1, val={0: 4.0, 5: 3.0, 10: 2.0}, max_minutes=0.1)
+    write_run(tmp_path, "a2", 2, val={0: 4.0, 5: 3.2, 8: 2.6}, steps=8, max_minutes=0.1)
     old = write_metrics(tmp_path / "old", train=TRAIN, val={0: 11.0, 5: 7.0, 10: 4.6})
     write_start(old, 1, n_layer=6)  # an older log: no tokens, no time
+    write_result(old)
     fig = figure_of(["a1", "a2", "old", "--out", "c.png"], monkeypatch)
     panels = [(ax.get_title(), ax.get_xlabel()) for ax in fig.axes]
     assert panels == [("loss", x) for x in ("step", "tokens", "training seconds")]
@@ -680,12 +738,14 @@ def test_comparing_single_older_runs_prints_their_values_and_differences(
     blocks = out.split("\n\n")
     assert blocks[0] == (
         "log/base: 1 run, seed ?\n"
-        "| metric | mean ± sd | values |\n"
-        "| ------ | --------- | ------ |\n"
-        "| train  | 8.0000    | 8.0000 |\n"
-        "| val    | 4.5000    | 4.5000 |\n"
-        "| bpb    | 1.3500    | 1.3500 |\n"
-        "| hella  | 0.2800    | 0.2800 |"
+        "log/base: its end is not recorded (no runs.jsonl, or one older than result records): its"
+        " last logged values counted\n"
+        "| metric | mean ± sd | values | step |\n"
+        "| ------ | --------- | ------ | ---- |\n"
+        "| train  | 8.0000    | 8.0000 | 10   |\n"
+        "| val    | 4.5000    | 4.5000 | 10   |\n"
+        "| bpb    | 1.3500    | 1.3500 | 10   |\n"
+        "| hella  | 0.2800    | 0.2800 | 10   |"
     )
     assert blocks[3].split("\n")[:5] == [
         "## log/rope vs log/base",
@@ -826,7 +886,7 @@ def test_a_record_field_of_another_type_is_not_recorded(tmp_path, monkeypatch, c
     monkeypatch.chdir(tmp_path)
     write_run(tmp_path, "a", 1)
     b = write_run(tmp_path, "b", 2)
-    record = json.loads((b / "runs.jsonl").read_text())
+    record = json.loads((b / "runs.jsonl").read_text().splitlines()[0])
     record.update(line)
     # then a resume under that record, a result, a line torn by a kill, one nested too deep
     result = {"result": {"status": "finished", "steps": 10, "val": 3.0, "config": {}}}
@@ -842,10 +902,14 @@ def test_a_result_record_is_not_a_start(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     write_run(tmp_path, "a", 1)
     b = write_run(tmp_path, "b", 2)
-    result = {"result": {"status": "stopped", "steps": 10, "tokens": 5120, "val": 3.0}}
-    with open(b / "runs.jsonl", "a") as f:
-        f.write(json.dumps(result) + "\n")
-    assert arms_of(json_of(["a", "b"], capsys)) == {"a": ["a", "b"]}
+    # b stopped at its end (a stop asked for at the last step): its result is not a start, and
+    # the arm counts it out
+    lines = (b / "runs.jsonl").read_text().splitlines()
+    (b / "runs.jsonl").write_text(lines[0] + "\n")
+    write_result(b, "stopped", 10)
+    result = json_of(["a", "b"], capsys)
+    assert arms_of(result) == {"a": ["a"]}
+    assert result["arms"][0]["left_out"] == [{"run": "b", "seed": 2, "why": "stopped at step 10"}]
 
 
 def test_an_unreadable_log_gets_a_few_warnings_and_a_count(tmp_path, monkeypatch, capsys):
@@ -918,6 +982,7 @@ def test_a_failed_write_names_its_file(tmp_path, monkeypatch):
         (["lr", "lr2"], "lr, lr2: no metric logged yet, nothing to compare"),
         (["--json", "lr", "lr2"], "lr, lr2: no metric logged yet, nothing to compare"),
         (["run", "run/"], "run/ is given twice: give each run once"),
+        (["run", "--arm", "a", "run2", "./run"], "./run is given twice: give each run once"),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, monkeypatch, args, message):
@@ -942,9 +1007,16 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, monkeypatch, args, m
     [
         ([], "the following arguments are required: log_dir"),
         (["run", "--bogus"], "unrecognized arguments: --bogus"),
+        (["--arm", "base"], "--arm base: give the arm a name, then its log_dirs"),
+        # the name forgotten: run would name the arm
+        (["--arm", "run", "run2"], "--arm run: give the arm a name, then its log_dirs"),
+        (["--arm", "a", "run", "--arm", "a", "run2"], "--arm a is given twice: name each arm"),
     ],
 )
-def test_bad_arguments_are_argparses_one_line(capsys, args, message):
+def test_bad_arguments_are_argparses_one_line(tmp_path, monkeypatch, capsys, args, message):
+    monkeypatch.chdir(tmp_path)
+    write_log(tmp_path / "run")
+    write_log(tmp_path / "run2")
     with pytest.raises(SystemExit) as exit:
         plot.main(args)
     one_line_error(exit.value.code, capsys.readouterr().err, "plot.py", message)
@@ -972,3 +1044,415 @@ def test_cli_compares_runs_and_never_loads_pyplot(tmp_path):
     )
     child = run_program([sys.executable, "-c", code], [base])
     assert child.stdout == "False False\n", child.stderr
+
+
+# ----------------------------------------------------------------------------------------------
+# issue 49: what a run ran, over its whole history
+
+
+def add_code(log_dir: Path, step: int, sources: dict):
+    """A code_added line as the trainer appends it: modules the run imported after its start, first
+    seen at step (a checkpoint's or the end's), kept under code/."""
+    added = {relpath: keep(log_dir, relpath, text) for relpath, text in sources.items()}
+    with open(log_dir / "runs.jsonl", "a") as f:
+        f.write(json.dumps({"step": step, "code_added": added}) + "\n")
+
+
+def test_a_module_imported_after_the_start_is_the_runs_code_from_that_step(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.chdir(tmp_path)
+    # four runs of one config: a and b import mylib/attn.py at step 5 (a lazy import of a
+    # researcher's module), c imports another version of it, d never does
+    attn = "def attention(q, k, v):\n    return q\n"
+    edited = attn.replace("return q", "return k")
+    for name, seed, source in (("a", 1, attn), ("b", 2, attn), ("c", 3, edited), ("d", 4, None)):
+        run = write_run(tmp_path, name, seed)
+        if source is not None:
+            add_code(run, 5, {"mylib/attn.py": source})
+    result = json_of(["a", "b", "c", "d"], capsys)
+    assert arms_of(result) == {"a": ["a", "b"], "c": ["c"], "d": ["d"]}
+    assert result["arms"][0]["code_changes"] == [{"step": 5, "modules": ["mylib/attn.py"]}]
+    c, d = result["arms"][1:]
+    assert "code differs:" in c["vs_baseline"] and "-    return q" in c["vs_baseline"]
+    assert "+    return k" in c["vs_baseline"]
+    assert "mylib/attn.py: imported by a only" in d["vs_baseline"]
+    out = report_of(["a", "b", "c", "d"], capsys)
+    assert "\ncode changed at step 5: mylib/attn.py\n" in out
+    assert "same code" not in out
+
+
+def test_same_code_means_over_the_whole_history(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    edited = {**SOURCES, "train_gpt2.py": SOURCES["train_gpt2.py"].replace("12\n", "6\n", 1)}
+    write_run(tmp_path, "base", 1)
+    # started under other code, resumed at step 5 under the baseline's: the same code at the end
+    back = write_run(tmp_path, "back", 2, sources=edited, max_lr=1e-3)
+    resume_run(back, 2, step=5, max_lr=1e-3)
+    # an older resume without code: what ran before step 5 is not known
+    unknown = write_run(tmp_path, "unknown", 3, max_lr=3e-4)
+    lines = (unknown / "runs.jsonl").read_text().splitlines()
+    first = json.loads(lines[0])
+    del first["code"]
+    (unknown / "runs.jsonl").write_text(json.dumps(first) + "\n" + "\n".join(lines[1:]) + "\n")
+    resume_run(unknown, 3, step=5, max_lr=3e-4)
+    runs = {name: plot.read_run(name) for name in ("base", "back", "unknown")}
+    back_lines = plot.differences(runs["base"], runs["back"])
+    assert "same code" not in back_lines
+    assert "code differs before the runs' ends (the same at their ends):" in back_lines
+    assert "back: code changed at step 5: train_gpt2.py" in back_lines
+    unknown_lines = plot.differences(runs["base"], runs["unknown"])
+    assert "same code" not in unknown_lines
+    assert any(line.startswith("code not known to be the same: ") for line in unknown_lines)
+    out = report_of(["base", "back", "unknown"], capsys)
+    assert "same code" not in out
+
+
+# ----------------------------------------------------------------------------------------------
+# issue 49: which runs are seeds
+
+
+def text_of(argv, capsys) -> str:
+    """The report plot.py argv prints (main, drawing compare.png in the current directory)."""
+    plot.main([*map(str, argv), "--out", "compare.png"])
+    return capsys.readouterr().out
+
+
+def test_a_run_is_a_seed_only_when_it_finished(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    # the issue's case: seed 2 of the edit stopped by SIGTERM at step 14 of 30, its last val
+    # (step 10's, far higher) averaged with the step-30 values of the others; seed 3 still
+    # training (or killed: no result after its start); seed 4 resumed after a stop and finished
+    finals = {1: 3.10, 2: 3.08, 3: 3.12, 4: 3.09}
+    for seed, value in finals.items():
+        write_run(tmp_path, f"base-{seed}", seed, val={10: 3.6, 30: value}, steps=30, max_steps=30)
+    write_run(tmp_path, "edit-1", 1, val={10: 3.5, 30: 3.05}, steps=30, max_steps=30, n_layer=6)
+    stopped = {10: 3.55}
+    write_run(
+        tmp_path, "edit-2", 2, val=stopped, steps=14, status="stopped", max_steps=30, n_layer=6
+    )
+    write_run(tmp_path, "edit-3", 3, val={10: 3.5}, steps=12, status=None, max_steps=30, n_layer=6)
+    resumed = write_run(tmp_path, "edit-4", 4, val={10: 3.5, 30: 3.04}, steps=30, max_steps=30)
+    resume_run(resumed, 4, step=20, steps=30, max_steps=30, n_layer=6)
+    runs = ["base-1", "base-2", "base-3", "base-4", "edit-1", "edit-2", "edit-3", "edit-4"]
+    # (edit-4's first start had n_layer 12: rewritten as the edit's)
+    lines = (resumed / "runs.jsonl").read_text().replace('"n_layer": 12', '"n_layer": 6')
+    (resumed / "runs.jsonl").write_text(lines)
+    result = json_of(runs, capsys)
+    assert arms_of(result) == {"base-1": runs[:4], "edit-1": ["edit-1", "edit-4"]}
+    edit = result["arms"][1]
+    assert edit["left_out"] == [
+        {"run": "edit-2", "seed": 2, "why": "stopped at step 14 of 30"},
+        {
+            "run": "edit-3",
+            "seed": 3,
+            "why": "no result after its start at step 0: still training, or killed",
+        },
+    ]
+    assert edit["metrics"]["val"]["values"] == [3.05, 3.04]
+    assert edit["metrics"]["val"]["steps"] == [30, 30]
+    assert edit["end"] == {"steps": 30, "tokens": 30 * 512, "max_minutes": None}
+    row = comparison(result, "val")
+    assert row["n"] == [2, 4] and row["mean"] == pytest.approx(3.045)
+    out = text_of(runs, capsys)
+    assert "edit-1: 2 runs (edit-1, edit-4), seeds 1, 4\n" in out
+    assert "\nleft out: edit-2 (seed 2): stopped at step 14 of 30\n" in out
+    assert "\nleft out: edit-3 (seed 3): no result after its start at step 0" in out
+    # the step each final value comes from
+    assert "| val    | 3.0450 ± 0.0071 | 3.0500 3.0400 | 30   |" in out
+    assert "2 vs 4 seeds" in row["verdict"]
+
+
+def test_time_bounded_runs_are_compared_at_equal_training_time(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    # --max_minutes: each run ends after the step that spends its budget, at a step its pace
+    # sets (10, 8); one reached --max_steps first, before its budget was spent
+    budget = {"max_minutes": 0.15, "max_steps": 12}
+    write_run(tmp_path, "a1", 1, val={0: 4.0, 5: 3.0, 10: 2.0}, steps=10, **budget)
+    write_run(tmp_path, "a2", 2, val={0: 4.0, 5: 3.2, 8: 2.6}, steps=8, **budget)
+    write_run(tmp_path, "a3", 3, val={0: 4.0, 5: 3.0, 12: 1.8}, steps=12, seconds=0.5, **budget)
+    result = json_of(["a1", "a2", "a3"], capsys)
+    arm = result["arms"][0]
+    assert arm["runs"] == ["a1", "a2"] and arm["metrics"]["val"]["steps"] == [10, 8]
+    assert arm["end"] == {"steps": None, "tokens": None, "max_minutes": 0.15}
+    why = "finished at step 12 (6,144 tokens); the arm's runs after 0.15 minutes of training"
+    assert arm["left_out"] == [{"run": "a3", "seed": 3, "why": why}]
+    out = text_of(["a1", "a2", "a3"], capsys)
+    assert (
+        "\ntime-bounded (--max_minutes 0.15): each run's final values are those at the end of its"
+        " 0.15 minutes of training steps, compared at equal training time, not equal steps (the"
+        " step column)\n"
+    ) in out
+    assert "| val    | 2.3000 ± 0.4243 | 2.0000 2.6000 | 10 8 |" in out
+
+
+def test_an_arm_with_no_finished_run_is_not_compared(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    write_run(tmp_path, "base", 1, val={10: 3.1})
+    write_run(tmp_path, "edit", 1, val={5: 3.5}, steps=7, status=None, n_layer=6)
+    result = json_of(["base", "edit"], capsys)
+    assert result["comparisons"] == [] and result["arms"][1]["n"] == 0
+    out = text_of(["base", "edit"], capsys)
+    assert "edit: no run counted\nleft out: edit (seed 1): no result after its start" in out
+    assert "## edit vs base\nnot compared: no run of edit counted (left out above)\n" in out
+
+
+def test_a_seed_counts_once(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    # three runs of seed 7 made an arm of "3 seeds" (p = 0.00018 against the baseline)
+    for i, value in enumerate([3.100, 3.101, 3.102]):
+        write_run(tmp_path, f"base-7{'abc'[i]}", 7, val={10: value})
+    for seed, value in {1: 3.2, 2: 3.21, 3: 3.19}.items():
+        write_run(tmp_path, f"edit-{seed}", seed, val={10: value}, n_layer=6)
+    result = json_of(["base-7a", "base-7b", "base-7c", "edit-1", "edit-2", "edit-3"], capsys)
+    base = result["arms"][0]
+    assert base["runs"] == ["base-7a"] and base["n"] == 1 and base["seeds"] == [7]
+    why = "seed 7 again: counted once, as base-7a (the first given)"
+    assert base["left_out"] == [
+        {"run": "base-7b", "seed": 7, "why": why},
+        {"run": "base-7c", "seed": 7, "why": why},
+    ]
+    row = comparison(result, "val")
+    assert row["p"] is None and "base-7a is a single run: no p-value" in row["verdict"]
+
+
+def test_a_rerun_of_a_seed_into_the_free_log_dir_is_not_another_seed(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    log = tmp_path / "log"
+    for seed, value in {1: 3.10, 2: 3.08, 3: 3.12}.items():
+        write_run(log, f"base-{seed}", seed, val={10: value})
+        write_run(log, f"edit-{seed}", seed, val={10: value - 0.05 + seed / 100}, n_layer=6)
+    # seed 1 again, into the free directory the refusal named: `plot.py log/base-*` takes it in
+    write_run(log, "base-1-2", 1, val={10: 3.5})
+    given = ["log/base-1", "log/base-1-2", "log/base-2", "log/base-3"]
+    given += ["log/edit-1", "log/edit-2", "log/edit-3"]
+    out = text_of(given, capsys)
+    assert "log/base-1: 3 runs (log/base-1, log/base-2, log/base-3), seeds 1, 2, 3\n" in out
+    assert (
+        "\nleft out: log/base-1-2 (seed 1): seed 1 again: counted once, as log/base-1 (the first"
+        " given)\n"
+    ) in out
+    # the seeds are the same in both arms again: paired
+    assert "3 vs 3 seeds, paired" in out
+    # the first run of seed 1 killed: the rerun counts
+    (log / "base-1" / "runs.jsonl").write_text(
+        (log / "base-1" / "runs.jsonl").read_text().splitlines()[0] + "\n"
+    )
+    result = json_of(given, capsys)
+    assert result["arms"][0]["runs"] == ["log/base-1-2", "log/base-2", "log/base-3"]
+    assert result["arms"][0]["left_out"][0]["run"] == "log/base-1"
+
+
+# ----------------------------------------------------------------------------------------------
+# issue 49: arms named by hand
+
+
+def test_the_null_comparison_is_one_command_with_shell_globs(tmp_path):
+    # seeds 1-3 against 4-6 of one config and code: grouped by config they are one arm of six
+    # runs; named, two arms compared (the false-positive check)
+    log = tmp_path / "log"
+    values = {1: 3.114, 2: 3.082, 3: 3.033, 4: 3.071, 5: 3.102, 6: 3.049}
+    for seed, value in values.items():
+        write_run(log, f"base-{seed}", seed, val={10: value})
+    command = "python plot.py --json --arm base log/base-[123] --arm null log/base-[456]"
+    command = command.replace("python plot.py", f"{sys.executable} {ROOT / 'plot.py'}")
+    result = run_program(["bash", "-c", command], cwd=tmp_path)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    found = json.loads(result.stdout)
+    assert arms_of(found) == {
+        "base": ["log/base-1", "log/base-2", "log/base-3"],
+        "null": ["log/base-4", "log/base-5", "log/base-6"],
+    }
+    assert [arm["named"] for arm in found["arms"]] == [True, True]
+    row = comparison(found, "val")
+    assert (row["arm"], row["baseline"], row["test"]) == ("null", "base", "welch")
+    assert row["p"] > 0.05 and "no difference beyond seed noise" in row["verdict"]
+    assert found["arms"][1]["vs_baseline"] == ["same config", "same code"]
+    # the text, with the picture
+    command = command.replace(" --json", " --out c.png")
+    result = run_program(["bash", "-c", command], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("base: 3 runs (log/base-1, log/base-2, log/base-3), seeds 1,")
+    assert "\n\n## null vs base\n" in result.stdout
+    assert "\nval 3.0740 vs 3.0763: no difference beyond seed noise (p = " in result.stdout
+    assert (tmp_path / "c.png").read_bytes()[:8] == PNG
+    # without names: one arm of six, nothing compared
+    plain = run_program("plot.py", ["--json", *[f"log/base-{s}" for s in values]], cwd=tmp_path)
+    assert [arm["n"] for arm in json.loads(plain.stdout)["arms"]] == [6]
+
+
+def test_a_named_arm_names_the_runs_that_differ_from_its_first(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    edited = {**SOURCES, "train_gpt2.py": SOURCES["train_gpt2.py"].replace("12\n", "6\n", 1)}
+    for seed in (1, 2):
+        write_run(tmp_path, f"wsd-{seed}", seed, val={10: 3.0 + seed / 100}, max_steps=10)
+    # log/wsd-* sweeps in a longer run of other code that shares the prefix
+    long = {10: 3.2, 20: 2.9}
+    write_run(tmp_path, "wsd-long-1", 1, val=long, steps=20, max_steps=20, sources=edited)
+    write_run(tmp_path, "base-1", 1, val={10: 3.05}, max_steps=10)
+    argv = ["--arm", "base", "base-1", "--arm", "wsd", "wsd-1", "wsd-2", "wsd-long-1"]
+    out = text_of(argv, capsys)
+    assert "base: 1 run (base-1), seed 1\n" in out
+    assert "wsd: 2 runs (wsd-1, wsd-2), seeds 1, 2\n" in out
+    assert (
+        "\nwarning: wsd-long-1 differs from wsd-1, the arm's first run: max_steps: 10 -> 20; code"
+        " of train_gpt2.py\n"
+    ) in out
+    # it ended elsewhere: not one of the arm's seeds
+    assert (
+        "\nleft out: wsd-long-1 (seed 1): finished at step 20 (10,240 tokens); the arm's runs at"
+        " step 10 (5,120 tokens)\n"
+    ) in out
+    result = json_of(argv, capsys)
+    notes = result["arms"][1]["notes"]
+    assert len(notes) == 1 and notes[0].startswith("warning: wsd-long-1 differs from wsd-1")
+    # runs of one config and code named together: no warning
+    assert result["arms"][0]["notes"] == []
+
+
+# ----------------------------------------------------------------------------------------------
+# issue 49: equal compute that a busy machine cannot fake
+
+
+def test_seconds_are_withheld_when_the_step_times_do_not_differ_beyond_their_spread(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.chdir(tmp_path)
+    steady = [0.117, 0.121] * 15
+    base = {0: 4.0, 10: 3.0, 20: 2.5, 30: 2.0}
+    # the baseline, its first step compiling for 30 s (a warm-up step: not its step time)
+    write_run(tmp_path, "base-1", 1, val=base, steps=30, seconds=[30.0] + steady[1:])
+    write_run(tmp_path, "base-2", 2, val=base, steps=30, seconds=steady)
+    # the baseline again, bit for bit, its seed 2 run during a load peak (steps 10-29 slower)
+    write_run(tmp_path, "again-1", 1, val=base, steps=30, seconds=steady)
+    write_run(tmp_path, "again-2", 2, val=base, steps=30, seconds=steady[:10] + [0.2] * 20)
+    # an edit that reaches the baseline's final val in two thirds of its steps at about the
+    # same step time (122 against 119 ms): in seconds it would look faster still
+    better = {0: 4.0, 10: 2.5, 20: 2.0, 30: 1.8}
+    for seed in (1, 2):
+        write_run(tmp_path, f"edit-{seed}", seed, val=better, steps=30, seconds=[0.12, 0.124] * 15)
+    argv = ["--arm", "base", "base-1", "base-2", "--arm", "again", "again-1", "again-2"]
+    argv += ["--arm", "edit", "edit-1", "edit-2"]
+    result = json_of(argv, capsys)
+    times = [arm["step_time"] for arm in result["arms"]]
+    for found in times:
+        assert found["low_ms"] <= found["median_ms"] <= found["high_ms"]
+        assert found["warmup_steps"] == 5 and found["steps"] == 2 * (30 - 5)
+        assert found["tok_per_s"] > 0
+    # the compiling step is left out: the baseline's spread is its steady steps'
+    assert times[0]["high_ms"] < 1000
+    # the load peak widens the spread of the arm it fell on
+    assert times[1]["high_ms"] > times[0]["high_ms"]
+    for name in ("again", "edit"):
+        row = comparison(result, "val", name)
+        assert row["seconds_withheld"].startswith("the step times overlap within their spreads")
+        assert row["time_to_baseline_s"] is None and row["time_ratio"] is None
+        assert row["baseline_steps"] == 30 and row["baseline_tokens"] == 30 * 512
+    edit = comparison(result, "val", "edit")
+    assert edit["steps_to_baseline"] == pytest.approx(20)
+    assert edit["tokens_to_baseline"] == pytest.approx(20 * 512)
+    assert edit["step_ratio"] == pytest.approx(2 / 3)
+    again = comparison(result, "val", "again")
+    assert again["steps_to_baseline"] == pytest.approx(30) and again["step_ratio"] == 1
+    out = text_of(argv, capsys)
+    assert out.count("; each run's first 5 steps after a start left out\n") == 3
+    assert (
+        " ms median over 50 steps (spread 117.0..121.0 ms: its runs' lowest 25th to highest" in out
+    )
+    assert (
+        "time: reaches base's final val 2.0000 at step 20 (0.67 x base's 30), 10,240 tokens (0.67"
+        " x 15,360); seconds withheld: the step times overlap within their spreads (edit"
+    ) in out
+
+
+# ----------------------------------------------------------------------------------------------
+# issue 49: no traceback on any record a run or a user can write
+
+
+def test_final_values_near_the_float_limit_are_not_averaged(tmp_path):
+    # a diverged run's val near 1e308: math.fsum's OverflowError was a traceback
+    for seed, value in {1: 1.7e308, 2: 1.6e308, 3: 1.5e308}.items():
+        write_run(tmp_path, f"base-{seed}", seed, val={0: 4.0, 10: value})
+    for seed, value in {1: 1e308, 2: 1.1e308, 3: 0.9e308}.items():
+        run = write_run(tmp_path, f"edit-{seed}", seed, val={0: 4.0, 10: value}, n_layer=6)
+        add_metric(run, "ms", {10: 1.7e308})
+    dirs = [f"base-{seed}" for seed in (1, 2, 3)] + [f"edit-{seed}" for seed in (1, 2, 3)]
+    result = run_program("plot.py", [*dirs, "--out", "c.png"], cwd=tmp_path)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert "\nval: not compared, a final value is not finite or beyond 1e+150\n" in result.stdout
+    assert (tmp_path / "c.png").read_bytes()[:8] == PNG
+    found = json.loads(run_program("plot.py", ["--json", *dirs], cwd=tmp_path).stdout)
+    assert found["arms"][0]["metrics"]["val"]["mean"] is None
+    assert comparison(found, "val")["p"] is None
+
+
+def test_a_seed_that_is_not_an_int_is_named_and_not_paired(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    for seed in (1, 2, 3):
+        write_run(tmp_path, f"base-{seed}", seed, val={10: 3.1 + seed / 100})
+    # seeds "1", true and 2.0 (hand-written records): a TypeError in the pairing was a traceback
+    for name, seed in (("str", "1"), ("true", True), ("float", 2.0), ("int", 3)):
+        write_run(tmp_path, f"edit-{name}", seed, val={10: 3.0 + len(name) / 100}, n_layer=6)
+    dirs = ["base-1", "base-2", "base-3", "edit-str", "edit-true", "edit-float", "edit-int"]
+    result = json_of(dirs, capsys)
+    edit = result["arms"][1]
+    assert edit["seeds"] == [None, None, None, 3] and edit["n"] == 4
+    assert edit["notes"] == [
+        'edit-str: seed "1" is not an integer: counted, not paired by seed',
+        "edit-true: seed true is not an integer: counted, not paired by seed",
+        "edit-float: seed 2.0 is not an integer: counted, not paired by seed",
+    ]
+    assert comparison(result, "val")["test"] == "welch"
+    out = text_of(dirs, capsys)
+    assert "edit-str: 4 runs (edit-str, edit-true, edit-float, edit-int), seeds ?, ?, ?, 3\n" in out
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        {"result": "finished"},
+        {"result": None},
+        {"result": {"status": 1, "steps": "10"}},
+        {"result": {"status": "finished", "steps": True}},
+        {"result": {"status": "done", "steps": 10}},
+        {"step": 5, "code_added": "mylib/attn.py"},
+        {"step": "5", "code_added": {"mylib/attn.py": 5}},
+        {"step": 5, "code_added": {"mylib/attn.py": "code/gone.py"}},
+        {"step": 5, "code_added": []},
+    ],
+    ids=lambda line: json.dumps(line)[:40],
+)
+def test_a_result_or_code_added_line_of_another_shape_is_named(tmp_path, monkeypatch, capsys, line):
+    monkeypatch.chdir(tmp_path)
+    write_run(tmp_path, "a", 1)
+    b = write_run(tmp_path, "b", 2)
+    lines = (b / "runs.jsonl").read_text().splitlines()
+    if "result" in line:
+        lines[-1] = json.dumps(line)  # in place of its result
+    else:
+        lines.insert(1, json.dumps(line))
+    (b / "runs.jsonl").write_text("".join(line + "\n" for line in lines))
+    result = json_of(["a", "b"], capsys)
+    out = text_of(["a", "b"], capsys)
+    if "result" in line:
+        assert arms_of(result) == {"a": ["a"]}
+        assert result["arms"][0]["left_out"][0]["why"] == "its result record is not readable"
+        assert "\nleft out: b (seed 2): its result record is not readable\n" in out
+    else:
+        # what b imported is not known: never the same code as a's
+        assert arms_of(result) == {"a": ["a"], "b": ["b"]}
+        assert "same code" not in out
+
+
+def test_a_closed_stdout_ends_the_printing_quietly(tmp_path):
+    # `plot.py --json ... | head -1` with the reader gone first: exit 0, nothing on stderr (a
+    # BrokenPipeError was one line of error and exit 1)
+    dirs = [write_run(tmp_path, f"base-{seed}", seed) for seed in (1, 2)]
+    dirs.append(write_run(tmp_path, "edit-1", 1, n_layer=6))
+    returncode, err = run_with_stdout_closed("plot.py", ["--json", *dirs])
+    assert returncode == 0 and err == "", err
+    returncode, err = run_with_stdout_closed("plot.py", [*dirs, "--out", tmp_path / "c.png"])
+    assert returncode == 0 and err == "", err
+    assert (tmp_path / "c.png").read_bytes()[:8] == PNG
+    returncode, err = run_with_stdout_closed("plot.py", [dirs[0]])
+    assert returncode == 0 and err == "", err
