@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import sys
 
@@ -90,6 +91,26 @@ def test_seeds_sh_trains_a_seed_into_log_arm_seed(small_corpus, tmp_path):
     assert record["config"]["log_dir"] == "log/base-3"
     assert sorted(p.name for p in (tmp_path / "log").iterdir()) == ["base-3"]
     assert not (tmp_path / "elsewhere").exists()
+
+
+def test_an_edit_in_its_own_checkout_runs_its_code_into_this_checkouts_log(small_corpus, tmp_path):
+    # docs: `git worktree add ../edit`, edit it, PROGRAM=../edit/train_gpt2.py scripts/seeds.sh
+    edit = tmp_path / "edit"
+    edit.mkdir()
+    for module in ROOT.glob("*.py"):
+        shutil.copy(module, edit)
+    edited = (edit / "train_gpt2.py").read_text() + "# the edit\n"
+    (edit / "train_gpt2.py").write_text(edited)
+    here = tmp_path / "here"
+    here.mkdir()
+    env = checkout(here)
+    env["PROGRAM"] = "../edit/train_gpt2.py"
+    result = run_program(["scripts/seeds.sh"], ["edit", 1, *tiny(small_corpus)], env=env, cwd=here)
+    assert result.returncode == 0, result.stderr
+    [record] = starts(here / "log" / "edit-1")
+    kept = here / "log" / "edit-1" / record["code"]["train_gpt2.py"]
+    assert kept.read_text() == edited
+    assert not (edit / "log").exists()
 
 
 def test_seeds_sh_without_a_seed_says_how_to_call_it(tmp_path):
