@@ -90,7 +90,11 @@ import time
 import warnings
 from pathlib import Path
 
-import fineweb
+# Ctrl-C while numpy loads (fineweb imports it) ends the program in one line
+try:
+    import fineweb
+except KeyboardInterrupt:
+    sys.exit(f"{Path(sys.argv[0]).name}: interrupted while starting; nothing was written")
 
 # the panel a kind is drawn on (by default its own)
 PANELS = {"train": "loss", "val": "loss", "hella": "HellaSwag acc_norm"}
@@ -1622,23 +1626,41 @@ def compare(log_dirs, out, as_json, warn=None, named=()):
 
 
 def check_out(out, log_dirs):
-    """An error that says what to give instead, for an --out that is
-    not a PNG in an existing directory, or, comparing runs, one
-    inside a run's log_dir (which holds that run's files only)."""
-    out = Path(out)
+    """--out resolved once (the picture goes there, whatever a link on its path comes to mean
+    meanwhile), or an error that says what to give instead: not a .png; a file there that is not
+    a PNG; in no directory; in a training run's log_dir or a corpus, but the one run drawn's; or,
+    comparing runs, in any of their log_dirs (each holds that run's files only)."""
+    out = fineweb.resolved(out)
     # a PNG, never another file (a run's log.txt) written over
     if out.suffix.lower() != ".png":
         raise ValueError(f"--out {out}: give a .png file")
+    # (a directory there: the write's own error names it; a FIFO is never opened)
+    if out.exists() and not out.is_dir() and not (out.is_file() and is_png(out)):
+        raise ValueError(f"--out {out} is a file but not a PNG: give a new .png")
     if not out.parent.is_dir():
         raise ValueError(f"--out {out}: there is no directory {out.parent}: make it first")
+    above = fineweb.claimed_by(out.parent)
+    drawn = len(log_dirs) == 1 and out.parent.resolve() == Path(log_dirs[0]).resolve()
+    if above and not drawn:
+        raise ValueError(f"--out {out} is inside {above}: give a .png outside it")
     if len(log_dirs) == 1:
-        return
+        return out
     for log_dir in log_dirs:
         if out.parent.resolve().is_relative_to(Path(log_dir).resolve()):
             raise ValueError(
                 f"--out {out} is in {log_dir}, a run's log_dir: give --out a .png outside"
                 " the runs' log_dirs"
             )
+    return out
+
+
+def is_png(path):
+    """Whether the file at path is a PNG (by its signature): what plot.py may write over."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(8) == b"\x89PNG\r\n\x1a\n"
+    except OSError:
+        return False
 
 
 def check_once(log_dirs):
@@ -1717,7 +1739,7 @@ def main(argv=None):
     try:
         check_once(log_dirs)
         if out is not None:
-            check_out(out, log_dirs)
+            out = check_out(out, log_dirs)
         if comparing:
             compare(args.log_dirs, out, args.json, warn, args.arm)
         else:
@@ -1725,6 +1747,8 @@ def main(argv=None):
             fineweb.say(f"wrote {out}")
     except (OSError, ValueError, ImportError) as e:
         sys.exit(f"plot.py: error: {e}")
+    except KeyboardInterrupt:
+        sys.exit("plot.py: interrupted; what it writes is whole or not there")
 
 
 if __name__ == "__main__":

@@ -982,6 +982,10 @@ def test_a_failed_write_names_its_file(tmp_path, monkeypatch):
         (["lr", "lr2"], "lr, lr2: no metric logged yet, nothing to compare"),
         (["--json", "lr", "lr2"], "lr, lr2: no metric logged yet, nothing to compare"),
         (["run", "run/"], "run/ is given twice: give each run once"),
+        # what plot.py did not draw: a file of the user's, another run's directory, a corpus
+        (["run", "--out", "notes.png"], "--out notes.png is a file but not a PNG: give a new"),
+        (["run", "--out", "other/c.png"], "--out other/c.png is inside the run in "),
+        (["run", "run2", "--out", "corpus/c.png"], "--out corpus/c.png is inside the corpus "),
         (["run", "--arm", "a", "run2", "./run"], "./run is given twice: give each run once"),
     ],
 )
@@ -995,6 +999,10 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, monkeypatch, args, m
     (tmp_path / "empty" / "log.txt").write_text("")
     (tmp_path / "fifo").mkdir()
     os.mkfifo(tmp_path / "fifo" / "log.txt")
+    (tmp_path / "notes.png").write_text("not a picture")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "runs.jsonl").write_text("{}\n")
+    (tmp_path / "corpus" / ".fineweb").mkdir(parents=True)
     before = sorted(tmp_path.rglob("*"))
     # sys.exit(message): Python prints the message on stderr and exits with status 1
     one_line_error(1, main_error(plot.main, args), "plot.py", message)
