@@ -240,6 +240,19 @@ def test_modules_through_links_and_imported_late_are_code_that_ran(small_corpus,
     starts, _ = records(log_dir)
     assert starts[-1]["code_changed"] == ["late.py", "linked.py"]
 
+    # two runs that differ only in the late module (its scale of the val loss): never one arm
+    # of "same code" in plot.py's comparison
+    (tmp_path / "outside" / "linked.py").write_text("SCALE = 1.0\n")
+    for name, scale in [("one", "1.0"), ("two", "2.0")]:
+        (checkout / "late.py").write_text(f"SCALE = {scale}\n")
+        flags = tiny_flags(small_corpus, tmp_path / name, max_steps=4, eval_interval=2)
+        assert finish(start(driver, flags, cwd=checkout))[0] == 0
+    compared = run_program("plot.py", [tmp_path / "one", tmp_path / "two", "--json"])
+    assert compared.returncode == 0, compared.stderr
+    arms = json.loads(compared.stdout)["arms"]
+    differs = arms[1]["vs_baseline"]
+    assert len(arms) == 2 and "code differs:" in differs and "+SCALE = 2.0" in differs
+
 
 def test_a_resume_under_other_code_goes_on_and_records_the_step(small_corpus, tmp_path):
     train(small_corpus, tmp_path, max_steps=4, ckpt_interval=2)
