@@ -590,29 +590,31 @@ def window_counts(shards, n, offset):
     return [max(len(shard) - 1 - offset, 0) // n for shard in shards]
 
 
-# A shuffled epoch reads its shards in pools: consecutive shards of its order holding at most
-# POOL_ROWS windows and POOL_SHARDS shards (a pool has at least one shard). The windows of a
-# pool are shuffled together, and its shards are mapped while it is read: the loader's memory
-# and open files are a pool's, whatever the size of the corpus, and its random reads stay
-# within a pool's files (2**20 rows of 1,025 GPT-2 tokens: 2 GB, which the page cache holds).
+# An epoch reads its shards in pools: consecutive shards of its order whose windows hold at most
+# POOL_ROWS rows of T tokens (a shuffled row is a window; in order, a window is B rows) and
+# POOL_SHARDS shards (a pool has at least one shard). A shuffled pool's windows are shuffled
+# together; a pool's shards are mapped while it is read. So the loader's memory and open files
+# are a pool's, whatever the size of the corpus, and its random reads stay within a pool's files
+# (2**20 rows of 1,025 GPT-2 tokens: 2 GB, which the page cache holds).
 POOL_ROWS = 2**20
 POOL_SHARDS = 32
 
 
-def group_pools(order, counts):
+def group_pools(order, counts, most):
     # the shards of `order` that hold a window (counts[k] of shard k), in pools of consecutive
-    # ones; a shard of more than POOL_ROWS windows is a pool of its own
+    # ones of at most `most` windows and POOL_SHARDS shards; a shard of more windows than
+    # `most` is a pool of its own
     pools = []
-    rows = 0  # windows in the last pool
+    windows = 0  # in the last pool
     for k in order:
         if not counts[k]:
             continue
-        full = pools and (rows + counts[k] > POOL_ROWS or len(pools[-1]) == POOL_SHARDS)
+        full = pools and (windows + counts[k] > most or len(pools[-1]) == POOL_SHARDS)
         if not pools or full:
             pools.append([])
-            rows = 0
+            windows = 0
         pools[-1].append(k)
-        rows += counts[k]
+        windows += counts[k]
     return pools
 
 
@@ -642,7 +644,8 @@ class DataLoaderLite:
     # order, the shards and their windows in turn. Shuffled, the epoch's seed ([seed, epoch])
     # permutes the shards and moves the grid of windows by an offset in [0, T), so that each
     # epoch sees new windows; then it reads the shards in pools (POOL_ROWS), each pool's windows
-    # in a seeded order of their own ([seed, epoch, pool]), drawn when the pool is reached.
+    # in a seeded order of their own ([seed, epoch, pool]), drawn when the pool is reached. In
+    # order, the pools are read in order too.
     #
     # The world reads an epoch's windows in units of a batch's (one in order, B shuffled): rank r
     # takes units r, r + W, r + 2W, ..., so every window of an epoch is read once by the world as
@@ -690,7 +693,7 @@ class DataLoaderLite:
             offset = int(rng.integers(self.n))
             order = rng.permutation(len(self.shards))
         counts = window_counts(self.shards, self.n, offset)
-        pools = group_pools(order, counts)
+        pools = group_pools(order, counts, max(POOL_ROWS * self.T // self.n, 1))
         ends = np.cumsum([sum(counts[k] for k in pool) for pool in pools]).tolist()
         self.plans = {e: p for e, p in self.plans.items() if e == epoch - 1}
         self.plans[epoch] = EpochPlan(offset, counts, pools, ends)
