@@ -13,8 +13,10 @@ field is a flag. `python plot.py log/a log/b` compares runs. Importing this modu
 but define things.
 """
 
+import bisect
 import dataclasses
 import math
+import mmap
 import os
 import re
 import time
@@ -549,9 +551,8 @@ def verify_shards(data_root, manifest, vocab_size, rank, world):
 
 
 class Shard:
-    # The tokens of one shard file, read a slice at a time: the file is opened for each read and
-    # closed after it, so a corpus of thousands of shards holds no file open between reads
-    # (`ulimit -n` is often 1024) and the page cache does the caching.
+    # One shard file, read nothing until its pool is reached (map): a corpus of thousands of
+    # shards holds open only the files of the shards being read (`ulimit -n` is often 1024).
 
     def __init__(self, path, tokens):
         self.path = path
@@ -562,12 +563,15 @@ class Shard:
     def __len__(self):
         return self.tokens
 
-    def __getitem__(self, window):
-        # shard[start:stop] (uint16)
-        start, stop, _ = window.indices(self.tokens)
+    def map(self):
+        # The tokens (uint16), memory-mapped: read when touched, through the page cache that the
+        # processes of a node share; the map holds the file open while the array lives. The
+        # kernel is asked to read the whole file ahead, in the large sequential reads a shared
+        # filesystem serves well, rather than a page at a time as rows are read.
         with open(self.path, "rb") as f:
-            f.seek(self.offset + 2 * start)
-            return np.fromfile(f, dtype="<u2", count=max(stop - start, 0))
+            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        mapped.madvise(mmap.MADV_WILLNEED)
+        return np.frombuffer(mapped, dtype="<u2", count=self.tokens, offset=self.offset)
 
 
 def load_shards(data_root, split, manifest):
@@ -579,22 +583,74 @@ def load_shards(data_root, split, manifest):
     return shards
 
 
-def windows(shards, n, offset=0):
-    # (shard, start) of every window of n + 1 tokens at stride n from `offset` in each shard:
-    # consecutive windows share a token (the last target of one, the first input of the next);
-    # a shard's last tokens that fill no window are not read
-    starts = [np.arange(offset, len(shard) - n, n, dtype=np.int64) for shard in shards]
-    return np.concatenate([np.stack([np.full_like(s, k), s], axis=1) for k, s in enumerate(starts)])
+def window_counts(shards, n, offset):
+    # how many windows of n + 1 tokens at stride n from `offset` each shard holds: consecutive
+    # windows share a token (the last target of one, the first input of the next); a shard's
+    # last tokens that fill no window are not read
+    return [max(len(shard) - 1 - offset, 0) // n for shard in shards]
+
+
+# An epoch reads its shards in pools: consecutive shards of its order whose windows hold at most
+# POOL_ROWS rows of T tokens (a shuffled row is a window; in order, a window is B rows) and
+# POOL_SHARDS shards (a pool has at least one shard). A shuffled pool's windows are shuffled
+# together; a pool's shards are mapped while it is read. So the loader's memory and open files
+# are a pool's, whatever the size of the corpus, and its random reads stay within a pool's files
+# (2**20 rows of 1,025 GPT-2 tokens: 2 GB, which the page cache holds).
+POOL_ROWS = 2**20
+POOL_SHARDS = 32
+
+
+def group_pools(order, counts, most):
+    # the shards of `order` that hold a window (counts[k] of shard k), in pools of consecutive
+    # ones of at most `most` windows and POOL_SHARDS shards; a shard of more windows than
+    # `most` is a pool of its own
+    pools = []
+    windows = 0  # in the last pool
+    for k in order:
+        if not counts[k]:
+            continue
+        full = pools and (windows + counts[k] > most or len(pools[-1]) == POOL_SHARDS)
+        if not pools or full:
+            pools.append([])
+            windows = 0
+        pools[-1].append(k)
+        windows += counts[k]
+    return pools
+
+
+@dataclasses.dataclass
+class EpochPlan:
+    # what an epoch reads, in order: its pools' windows, one pool after another
+    offset: int  # where each shard's first window starts (the grid's offset)
+    counts: list  # windows in each shard of the loader's list
+    pools: list  # each pool's shards (their indices), in the order they are read
+    ends: list  # windows in the pools up to the end of each (the last: the epoch's)
+
+
+def open_tokens(shard):
+    # what a pool reads a shard's windows from: a Shard's mapped file, or an array of tokens as it
+    # is (tests and bench.py pass those)
+    if isinstance(shard, Shard):
+        return shard.map()
+    return shard
 
 
 class DataLoaderLite:
-    # Batches x, y (B, T) on `device`: each a window of B*T + 1 tokens of one shard.
+    # Batches x, y (B, T) on `device`. In order (build-nanogpt's): a batch is one window of
+    # B*T + 1 tokens of one shard, x its first B*T tokens and y its last. Shuffled: each of its B
+    # rows is a window of T + 1 tokens of its own, from anywhere in its pool.
     #
-    # An epoch reads every window once: in order, or (shuffle) in a seeded order of the shards
-    # and of the windows within each, their grid moved by a seeded offset in [0, B*T) so that
-    # each epoch sees new window boundaries. The world reads an epoch's windows in turn, rank r
-    # taking windows r, r + W, r + 2W, ...: every window of an epoch is read once by the world
-    # as a whole. The state is the epoch and how many of its windows the world has read.
+    # An epoch reads every window once: windows at stride n (B*T in order, T shuffled). In
+    # order, the shards and their windows in turn. Shuffled, the epoch's seed ([seed, epoch])
+    # permutes the shards and moves the grid of windows by an offset in [0, T), so that each
+    # epoch sees new windows; then it reads the shards in pools (POOL_ROWS), each pool's windows
+    # in a seeded order of their own ([seed, epoch, pool]), drawn when the pool is reached. In
+    # order, the pools are read in order too.
+    #
+    # The world reads an epoch's windows in units of a batch's (one in order, B shuffled): rank r
+    # takes units r, r + W, r + 2W, ..., so every window of an epoch is read once by the world as
+    # a whole and the ranks together read exactly what one process reads; a step may straddle
+    # two epochs. The state is the epoch and how many of its windows the world has read.
 
     def __init__(self, shards, B, T, rank=0, world=1, shuffle=False, seed=0, device="cpu"):
         self.shards = shards
@@ -605,55 +661,99 @@ class DataLoaderLite:
         self.shuffle = shuffle
         self.seed = seed
         self.device = device
-        # the fewest windows an epoch can hold: on a grid moved by B*T - 1 (shuffle); with fewer
-        # than ranks, a step reads on into the next epoch
-        if not len(windows(shards, B * T, B * T - 1 if shuffle else 0)):
+        self.n = T if shuffle else B * T  # a window is n + 1 tokens
+        self.rows = B if shuffle else 1  # windows in a batch
+        # the fewest windows an epoch can hold: on a grid moved by n - 1 (shuffle); with fewer
+        # than a step reads, a step reads on into the next epochs
+        if not sum(window_counts(shards, self.n, self.n - 1 if shuffle else 0)):
+            if shuffle:
+                raise ValueError(
+                    "the shards hold no window of T + 1 tokens on every grid (a shard of 2 x T"
+                    " tokens): lower T"
+                )
             raise ValueError("the shards hold no window of B x T + 1 tokens: lower B or T")
-        self.orders = {}  # the window orders of the last two epochs asked for
+        self.plans = {}  # the plans of the last two epochs asked for
+        # the pool being read: (epoch, index), its shards' tokens, the windows in its shards up
+        # to the end of each, and the order of its windows (None: in order)
+        self.pool = None
+        self.pool_tokens = []
+        self.pool_ends = []
+        self.pool_order = None
         self.epoch = 0
         self.pos = 0  # windows of this epoch the world has read
 
-    def order(self, epoch):
-        # (shard, start) of each window of `epoch` in the order the world reads them; the
-        # previous epoch's is kept too, as a step may straddle two
-        if epoch in self.orders:
-            return self.orders[epoch]
-        if not self.shuffle:
-            order = windows(self.shards, self.B * self.T)
-        else:
+    def plan(self, epoch):
+        # what `epoch` reads; the previous epoch's plan is kept too, as a step may straddle two
+        if epoch in self.plans:
+            return self.plans[epoch]
+        offset = 0
+        order = range(len(self.shards))
+        if self.shuffle:
             rng = np.random.default_rng([self.seed, epoch])
-            offset = int(rng.integers(self.B * self.T))
-            grid = windows(self.shards, self.B * self.T, offset)
-            shard_order = rng.permutation(len(self.shards))
-            order = np.concatenate([rng.permutation(grid[grid[:, 0] == k]) for k in shard_order])
-        self.orders = {e: o for e, o in self.orders.items() if e == epoch - 1}
-        self.orders[epoch] = order
-        return order
+            offset = int(rng.integers(self.n))
+            order = rng.permutation(len(self.shards))
+        counts = window_counts(self.shards, self.n, offset)
+        pools = group_pools(order, counts, max(POOL_ROWS * self.T // self.n, 1))
+        ends = np.cumsum([sum(counts[k] for k in pool) for pool in pools]).tolist()
+        self.plans = {e: p for e, p in self.plans.items() if e == epoch - 1}
+        self.plans[epoch] = EpochPlan(offset, counts, pools, ends)
+        return self.plans[epoch]
 
     def locate(self, epoch, i):
         # (epoch, index) of window i of `epoch`, counted on into the next epochs past its end:
         # a step may straddle two epochs
-        while i >= len(self.order(epoch)):
-            i -= len(self.order(epoch))
+        while i >= self.plan(epoch).ends[-1]:
+            i -= self.plan(epoch).ends[-1]
             epoch += 1
         return epoch, i
 
+    def open_pool(self, epoch, p):
+        # Pool p of `epoch` becomes the one read: the last one's maps are dropped first (their
+        # files close), then its shards are mapped and its windows' order is drawn.
+        plan = self.plan(epoch)
+        shards = plan.pools[p]
+        self.pool_tokens = []
+        self.pool_tokens = [open_tokens(self.shards[k]) for k in shards]
+        self.pool_ends = np.cumsum([plan.counts[k] for k in shards]).tolist()
+        self.pool_order = None
+        if self.shuffle:
+            rng = np.random.default_rng([self.seed, epoch, p])
+            self.pool_order = rng.permutation(self.pool_ends[-1])
+        self.pool = (epoch, p)
+
+    def window(self, epoch, i):
+        # the n + 1 tokens of window i of `epoch`, from its pool
+        plan = self.plan(epoch)
+        p = bisect.bisect_right(plan.ends, i)
+        if self.pool != (epoch, p):
+            self.open_pool(epoch, p)
+        j = i - (plan.ends[p - 1] if p else 0)  # its place in the pool's order
+        if self.pool_order is not None:
+            j = int(self.pool_order[j])  # its index among the pool's windows, shard by shard
+        q = bisect.bisect_right(self.pool_ends, j)  # the pool's shard that holds it
+        start = plan.offset + (j - (self.pool_ends[q - 1] if q else 0)) * self.n
+        return self.pool_tokens[q][start : start + self.n + 1]
+
     def next_batch(self):
-        epoch, i = self.locate(self.epoch, self.pos + self.rank)
-        shard, start = self.order(epoch)[i]
-        self.epoch, self.pos = self.locate(self.epoch, self.pos + self.world)
-        window = self.shards[shard][start : start + self.B * self.T + 1]
-        buf = torch.from_numpy(window.astype(np.int64))
+        # this rank's unit of the world's: `rows` consecutive windows, the rank-th unit from pos
+        first = self.pos + self.rank * self.rows
+        buf = np.empty((self.rows, self.n + 1), dtype=np.int64)
+        for row in range(self.rows):
+            epoch, i = self.locate(self.epoch, first + row)
+            buf[row] = self.window(epoch, i)
+        self.epoch, self.pos = self.locate(self.epoch, self.pos + self.world * self.rows)
+        buf = torch.from_numpy(buf)
         # From pinned memory the copy is asynchronous: the CPU goes on to prepare the next batch
         # while the GPU still works on this one.
         buf = buf.pin_memory() if self.device.startswith("cuda") else buf
         buf = buf.to(self.device, non_blocking=True)
-        x = buf[:-1].view(self.B, self.T)  # inputs
-        y = buf[1:].view(self.B, self.T)  # targets
+        # (B, T) each, contiguous as a batch of one window is (shuffled rows need a copy)
+        x = buf[:, :-1].reshape(self.B, self.T).contiguous()  # inputs
+        y = buf[:, 1:].reshape(self.B, self.T).contiguous()  # targets
         return x, y
 
     def epochs_read(self):
-        return self.epoch + self.pos / len(self.order(self.epoch))
+        return self.epoch + self.pos / self.plan(self.epoch).ends[-1]
 
     def state_dict(self):
         return {"epoch": self.epoch, "pos": self.pos}
@@ -773,7 +873,7 @@ def val_data(data_root, cfg, manifest, enc, rank, world_size, device):
             f"--val_tokens {cfg.val_tokens:,} is more than the val split holds"
             f" ({len(val_shard):,} tokens): {hint}, or --eval_interval 0"
         )
-    targets = val_shard[1 : cfg.val_tokens + 1]
+    targets = val_shard.map()[1 : cfg.val_tokens + 1]
     val_bytes = int(fineweb.token_byte_lengths(enc)[targets].sum())
     return DataLoaderLite([val_shard], B, T, rank, world_size, device=device), val_bytes
 
@@ -1022,6 +1122,17 @@ def load_model(source, device="cpu", dropout=None):
 # Training
 
 
+def seed_torch(seed, device):
+    # torch's random numbers (dropout's) from `seed`: those of the CPU's generator and of this
+    # process's GPU's, the ones its kernels draw from. (torch.manual_seed seeds every backend's
+    # generators, checking each kind of device: 0.2 ms a call, a micro-step's at small sizes.)
+    torch.default_generator.manual_seed(seed)
+    if device.startswith("cuda"):
+        torch.cuda.manual_seed(seed)
+    if device == "mps":
+        torch.mps.manual_seed(seed)
+
+
 def build_model(cfg, enc, device, log):
     # from scratch with cfg's ModelConfig fields, or --init_from's model (saying which of those
     # fields it brings other values of); either way cfg's dropout
@@ -1144,6 +1255,9 @@ def train(cfg, log=print):
         if cfg.compile == "true" or (cfg.compile == "auto" and device_type == "cuda"):
             # after DDP: dynamo splits the graph at DDP's buckets, so all-reduces overlap backward
             model = torch.compile(model)
+        # the parameters, listed once: raw_model.parameters() walks the modules for them (0.1 ms
+        # at small sizes), and the step clears and clips their gradients
+        params = list(raw_model.parameters())
         # MFU: the FLOPs of a step against the GPUs' peak (None off CUDA or on an unknown GPU)
         peak = harness.peak_flops(device)
         flops_per_step = raw_model.flops_per_token(T) * cfg.total_batch_size
@@ -1201,14 +1315,16 @@ def train(cfg, log=print):
             if cfg.overfit_batch:
                 # the run's first batch at every step, on any number of ranks and after a resume
                 train_loader.load_state_dict({"epoch": 0, "pos": 0})
-            model.zero_grad(set_to_none=True)
+            # (set to None: the backward pass writes them anew)
+            for p in params:
+                p.grad = None
             loss_accum = torch.zeros((), device=device)
             for micro_step in range(grad_accum_steps):
                 x, y = train_loader.next_batch()
                 # dropout's random numbers are the window's (the run's n-th read): the same on
                 # any number of ranks and after a resume, with no random state to save
                 window = (step * grad_accum_steps + micro_step) * world_size + rank
-                torch.manual_seed(cfg.seed + window)
+                seed_torch(cfg.seed + window, device)
                 if ddp:
                     # all-reduce the gradients only after the last micro-step's backward
                     model.require_backward_grad_sync = micro_step == grad_accum_steps - 1
@@ -1233,7 +1349,7 @@ def train(cfg, log=print):
             summed = torch.stack(list(sums.values()))
             if ddp:
                 dist.all_reduce(summed)
-            norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg.grad_clip or math.inf)
+            norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip or math.inf)
             synced = torch.cat([summed, norm.view(1)]).tolist()
             values = dict(zip(sums, synced))
             norm = synced[-1]

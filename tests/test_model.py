@@ -2,7 +2,9 @@
 after a research edit (another activation, RoPE, an untied or soft-capped head), so none of
 them pins a number of GPT-2's. GPT-2 itself is tests/test_gpt2_contract.py's."""
 
+import collections
 import dataclasses
+import os
 
 import numpy as np
 import pytest
@@ -181,35 +183,104 @@ def token_shards(lengths, seed=0):
     return shards
 
 
-def read_epochs(loader, epochs):
-    # the x batches a loader gives until it has read `epochs` epochs
-    batches = []
-    while loader.epochs_read() < epochs:
-        batches.append(loader.next_batch()[0])
-    return batches
+def numbered_shards(lengths):
+    # shard k holds k * 1000 + i at place i (each shorter than 1,000 tokens): a window's first
+    # token says where it was read
+    return [(k * 1000 + np.arange(n)).astype(np.uint16) for k, n in enumerate(lengths)]
+
+
+def read_windows(loader, batches):
+    # (shard, start) of each window of numbered_shards that the loader's next batches read, in
+    # order, each checked against its shard: x its first tokens, y the same shifted by one
+    found = []
+    for _ in range(batches):
+        x, y = loader.next_batch()
+        rows = loader.B if loader.shuffle else 1
+        inputs = x.reshape(rows, -1)
+        targets = y.reshape(rows, -1)
+        for row in range(rows):
+            first = int(inputs[row, 0])
+            tokens = torch.arange(first, first + inputs.size(1))
+            assert torch.equal(inputs[row], tokens) and torch.equal(targets[row], tokens + 1)
+            found.append(divmod(first, 1000))
+    return found
+
+
+def grid(lengths, n, offset):
+    # (shard, start) of every window of n + 1 tokens at stride n from offset, shard by shard
+    return [(k, s) for k, length in enumerate(lengths) for s in range(offset, length - n, n)]
+
+
+@pytest.fixture(params=["one pool", "small pools"])
+def pools(request, monkeypatch):
+    # the loader's pools as they are, or of 2 shards and at most 30 windows: an epoch of the
+    # tests' shards then crosses several pool boundaries
+    if request.param == "small pools":
+        monkeypatch.setattr(train_gpt2, "POOL_SHARDS", 2)
+        monkeypatch.setattr(train_gpt2, "POOL_ROWS", 30)
+    return request.param
+
+
+LENGTHS = [600, 410, 970, 130, 55, 17]
 
 
 @pytest.mark.parametrize("shuffle", [False, True])
-def test_an_epoch_reads_every_window_once(shuffle):
-    shards = token_shards([600, 410, 970])
-    loader = DataLoaderLite(shards, 2, 8, shuffle=shuffle, seed=5)
-    first = [x.numpy().tobytes() for x in read_epochs(loader, 1)]
-    assert len(set(first)) == len(first), "a window read twice in one epoch"
-    # the epoch covers the data: a shard leaves at most a window's worth at each end unread
-    assert len(first) * 16 > sum(map(len, shards)) - 3 * 2 * 17
-    second = [x.numpy().tobytes() for x in read_epochs(loader, 2)]
-    assert len(set(second)) == len(second)
-    # in order, every epoch reads the same windows; shuffled, on a moved grid, others
-    assert (set(first) == set(second)) != shuffle
+def test_an_epoch_reads_every_window_once(shuffle, pools):
+    # in order: build-nanogpt's windows of B*T + 1 tokens, shard by shard; shuffled: rows of
+    # T + 1 tokens, every one of the epoch's grid once, the grid moved from epoch to epoch
+    loader = DataLoaderLite(numbered_shards(LENGTHS), 2, 8, shuffle=shuffle, seed=5)
+    n = 8 if shuffle else 16
+    stream = read_windows(loader, 500)
+    offsets = []
+    for epoch in range(3):
+        offset = stream[0][1] % n
+        expected = grid(LENGTHS, n, offset)
+        read = stream[: len(expected)]
+        stream = stream[len(expected) :]
+        assert sorted(read) == expected, f"epoch {epoch}: a window missed or read twice"
+        if not shuffle:
+            assert read == expected
+        offsets.append(offset)
+    assert stream, "the test reads into a fourth epoch"
+    assert (len(set(offsets)) > 1) == shuffle
+
+
+def test_rows_of_a_shuffled_batch_come_from_all_over_the_pool(pools):
+    # nanoGPT's batches: each row from its own place, not B consecutive windows of one shard
+    loader = DataLoaderLite(numbered_shards(LENGTHS), 8, 8, shuffle=True, seed=5)
+    shards_seen = set()
+    for _ in range(20):
+        rows = read_windows(loader, 1)
+        shards = {k for k, _ in rows}
+        starts = sorted(s for _, s in rows)
+        assert len(shards) > 1 or np.diff(starts).max() > 8, "a batch of neighbouring windows"
+        shards_seen.add(len(shards))
+    assert max(shards_seen) > 1
+
+
+def test_pools_are_read_one_after_another(monkeypatch):
+    # with pools of 2 shards, the shards an epoch has begun and not finished are 2 at most
+    monkeypatch.setattr(train_gpt2, "POOL_SHARDS", 2)
+    loader = DataLoaderLite(numbered_shards(LENGTHS), 2, 8, shuffle=True, seed=3)
+    stream = read_windows(loader, 200)
+    offset = stream[0][1] % 8
+    expected = grid(LENGTHS, 8, offset)
+    windows = collections.Counter(k for k, _ in expected)
+    read = collections.Counter()
+    for k, _ in stream[: len(expected)]:
+        read[k] += 1
+        begun = [s for s in read if read[s] < windows[s]]
+        assert len(begun) <= 2
+    assert read == windows
 
 
 @pytest.mark.parametrize("shuffle", [False, True])
 @pytest.mark.parametrize("world", [2, 3])
-@pytest.mark.parametrize("sizes", [[600, 410, 970], [40]], ids=["shards", "fewer windows"])
-def test_the_world_reads_what_one_process_reads(shuffle, world, sizes):
-    # rank r takes the r-th of every `world` batches: together, across epoch boundaries too,
-    # the ranks read exactly one process's batches; with fewer windows than ranks (one or two
-    # of 40 tokens), a step reads on into the next epochs
+@pytest.mark.parametrize("sizes", [[600, 410, 970, 130], [40]], ids=["shards", "fewer windows"])
+def test_the_world_reads_what_one_process_reads(shuffle, world, sizes, pools):
+    # rank r takes the r-th of every `world` batches: together, across epoch and pool
+    # boundaries too, the ranks read exactly one process's batches; with fewer windows than
+    # ranks (one or two of 40 tokens), a step reads on into the next epochs
     shards = token_shards(sizes, seed=1)
     one = DataLoaderLite(shards, 2, 8, shuffle=shuffle, seed=5)
     ranks = [DataLoaderLite(shards, 2, 8, r, world, shuffle, seed=5) for r in range(world)]
@@ -220,25 +291,61 @@ def test_the_world_reads_what_one_process_reads(shuffle, world, sizes):
             assert torch.equal(x, expected_x) and torch.equal(y, expected_y)
     assert one.epochs_read() > 2
     # targets are the inputs shifted by one token
-    assert torch.equal(x.flatten()[1:], y.flatten()[:-1])
+    assert torch.equal(x[:, 1:], y[:, :-1])
 
 
-def test_a_loader_without_a_window_is_refused_in_one_line():
-    with pytest.raises(ValueError, match="no window of B x T \\+ 1 tokens"):
-        DataLoaderLite(token_shards([16]), 2, 8)
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_loader_without_a_window_is_refused_in_one_line(shuffle):
+    what = "T \\+ 1 tokens on every grid" if shuffle else "B x T \\+ 1 tokens"
+    with pytest.raises(ValueError, match=f"no window of {what}"):
+        DataLoaderLite(token_shards([15]), 2, 8, shuffle=shuffle)
 
 
-def test_a_loader_state_resumes_mid_epoch_and_across_epochs():
-    shards = token_shards([700, 500])
-    loader = DataLoaderLite(shards, 2, 4, shuffle=True, seed=3)
-    for _ in range(90):
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_loader_state_resumes_mid_epoch_and_across_epochs(shuffle, pools):
+    # a state saved at any batch, on a rank of several too, continues with the same batches
+    shards = token_shards([700, 500, 90, 260])
+    straight = DataLoaderLite(shards, 2, 4, 1, 3, shuffle, seed=3)
+    batches = [straight.next_batch()[0] for _ in range(200)]
+    assert straight.epochs_read() > 2
+    for saved_at in (0, 1, 57, 90, 131, 199):
+        loader = DataLoaderLite(shards, 2, 4, 1, 3, shuffle, seed=3)
+        for _ in range(saved_at):
+            loader.next_batch()
+        state = loader.state_dict()
+        again = DataLoaderLite(shards, 2, 4, 1, 3, shuffle, seed=3)
+        again.load_state_dict(state)
+        for x in batches[saved_at:]:
+            assert torch.equal(again.next_batch()[0], x)
+
+
+def open_files():
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts /proc/self/fd")
+def test_the_loader_holds_open_only_its_pools_shards(tmp_path, monkeypatch):
+    # 40 shard files read shuffled in pools of 3: never more than 3 files open, none before
+    # the first batch, and the pools of every epoch read
+    monkeypatch.setattr(train_gpt2, "POOL_SHARDS", 3)
+    shards = []
+    for k, tokens in enumerate(token_shards([70 + 7 * k for k in range(40)])):
+        np.save(tmp_path / f"shard_{k:02d}.npy", tokens)
+        shards.append(train_gpt2.Shard(tmp_path / f"shard_{k:02d}.npy", len(tokens)))
+    before = open_files()
+    loader = DataLoaderLite(shards, 2, 8, shuffle=True, seed=1)
+    assert open_files() == before
+    most = 0
+    while loader.epochs_read() < 2:
         loader.next_batch()
-    state = loader.state_dict()
-    expected = [loader.next_batch()[0] for _ in range(120)]
-    again = DataLoaderLite(shards, 2, 4, shuffle=True, seed=3)
-    again.load_state_dict(state)
-    for x in expected:
-        assert torch.equal(again.next_batch()[0], x)
+        most = max(most, open_files() - before)
+    assert 1 <= most <= 3
+    # (what the files hold: the same batches as from the arrays)
+    arrays = [np.load(tmp_path / f"shard_{k:02d}.npy") for k in range(40)]
+    loader = DataLoaderLite(shards, 2, 8, shuffle=True, seed=1)
+    same = DataLoaderLite(arrays, 2, 8, shuffle=True, seed=1)
+    for _ in range(100):
+        assert torch.equal(loader.next_batch()[1], same.next_batch()[1])
 
 
 def test_sample_texts_continue_the_prompt():

@@ -594,7 +594,7 @@ def test_ctrl_c_while_torch_loads_is_one_line(small_corpus, tmp_path):
 
 def test_thousands_of_shards_train_under_a_small_open_file_limit(tmp_path):
     # 2,001 shards of 50 GPT-2 tokens (build-nanogpt's layout: no manifest), read shuffled by
-    # this process with 256 files open at most: the loader holds none between reads
+    # this process with 256 files open at most: the loader holds open only a pool's (32 at most)
     corpus = tmp_path / "many"
     corpus.mkdir()
     rng = np.random.default_rng(0)
