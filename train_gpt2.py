@@ -756,7 +756,12 @@ class DataLoaderLite:
         return self.epoch + self.pos / self.plan(self.epoch).ends[-1]
 
     def state_dict(self):
-        return {"epoch": self.epoch, "pos": self.pos}
+        # (order: what pos counts, windows of B x T + 1 tokens or rows of T + 1)
+        return {
+            "epoch": self.epoch,
+            "pos": self.pos,
+            "order": "rows" if self.shuffle else "windows",
+        }
 
     def load_state_dict(self, state):
         # (check_resumable has checked that the data and its batching are the checkpoint's)
@@ -1067,6 +1072,13 @@ def check_resumable(ckpt, model, optimizers, cfg, data):
             )
     if ckpt["data"] != data:
         raise ValueError(f"resume: its data (tokenizer, corpus) differs {fix}")
+    # a shuffled run's place in its data counts rows since rows were drawn each on its own (an
+    # older train_gpt2.py's counted windows of B x T: read as rows, the run would go on
+    # elsewhere in the data)
+    if cfg.shuffle and ckpt["loader"].get("order") != "rows":
+        raise ValueError(
+            f"resume: its shuffled data order is an older train_gpt2.py's (windows of B x T) {fix}"
+        )
     if cfg.max_steps < ckpt["step"]:
         raise ValueError(f"resume: it is at step {ckpt['step']}, past --max_steps {fix}")
 

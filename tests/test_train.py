@@ -620,6 +620,17 @@ def test_init_from_a_checkpoint_starts_a_new_run_from_its_weights(small_corpus, 
     assert "max_steps: 6 -> 3" in differences and not any("n_layer" in d for d in differences)
 
 
+def test_a_shuffled_checkpoint_of_the_window_order_is_not_resumed_as_rows(small_corpus, tmp_path):
+    # before rows were drawn each on its own, a shuffled run's loader counted windows of B x T:
+    # its place in the data means another place now
+    train(small_corpus, tmp_path / "a", max_steps=2, shuffle=True)
+    ckpt = checkpoint(tmp_path / "a", 2)
+    del ckpt["loader"]["order"]
+    harness.save_checkpoint(tmp_path / "old.pt", ckpt)
+    with pytest.raises(ValueError, match="its shuffled data order is an older train_gpt2.py's"):
+        train(small_corpus, tmp_path / "b", max_steps=4, shuffle=True, resume=tmp_path / "old.pt")
+
+
 def test_a_checkpoint_of_the_previous_version_still_gives_its_weights(small_corpus, tmp_path):
     # its model_config held a bias flag, and it had no optimizers/loader in this form: its
     # weights still load (sample.py, export_hf.py, --init_from), its resume is refused
