@@ -220,7 +220,8 @@ def export_hf(checkpoint_path, out_dir):
     except (OSError, SafetensorError) as e:
         # a full disk (safetensors says so in its own error), a parent that is a file, a
         # directory that cannot be written: the line names OUT_DIR
-        raise OSError(f"cannot write {out}: {e}") from None
+        # (the error's own text may name the temporary directory: the user knows OUT_DIR)
+        raise OSError(f"cannot write {out}: {getattr(e, 'strerror', None) or e}") from None
     finally:
         remove(tmp)
     return out

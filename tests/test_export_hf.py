@@ -378,6 +378,8 @@ def make_inputs(root):
     (root / "full").mkdir()
     (root / "full" / "mine.txt").write_text("keep me")
     (root / "a_file").write_text("keep me")
+    (root / "run").mkdir()
+    (root / "run" / "runs.jsonl").write_text("{}\n")
     # what a read would wait on for ever, and a run that diverged (a NaN among its weights)
     os.mkfifo(root / "fifo.pt")
     os.mkfifo(root / "fifo_out")
@@ -418,7 +420,12 @@ BAD_INPUTS = {
     "OUT_DIR in a file": (
         None,
         ["{root}/model.pt", "{root}/a_file/out"],
-        "cannot write {root}/a_file/out: [Errno 20] Not a directory",
+        "cannot write {root}/a_file/out: Not a directory",
+    ),
+    "OUT_DIR in a run's log_dir": (
+        None,
+        ["{root}/model.pt", "{root}/run/hf"],
+        "{root}/run/hf is inside the run in {root}/run: pick an OUT_DIR outside it",
     ),
     "a FIFO checkpoint": (
         None,
