@@ -1180,6 +1180,7 @@ def train(cfg, log=print):
     harness.make_preset_data(cfg.data_root, PRESET_DATA)
     ddp, rank, local_rank, world_size, device = setup_distributed(cfg.device)
     with run:
+        # ---- the set-up: data, model, optimizers, evaluation's data, the resume, the record
         device_type = device.split(":")[0]
         master_process = rank == 0
         B = cfg.batch_size
@@ -1276,8 +1277,8 @@ def train(cfg, log=print):
         stopping = False
         time_up = time_budget > 0 and state.train_seconds >= time_budget
 
-        # The loop. A stop signal only asks (run.stop_requested): the run ends at a step's end
-        # with a checkpoint.
+        # ---- the loop: evaluation, the checkpoint, one optimization step, the log line. A stop
+        # signal only asks (run.stop_requested): the run ends at a step's end with a checkpoint.
         for step in range(start_step, cfg.max_steps + 1):
             last_step = step == cfg.max_steps or time_up
 
@@ -1317,9 +1318,7 @@ def train(cfg, log=print):
                 state.step = step
                 checkpoint = make_checkpoint(cfg, raw_model, optimizers, train_loader, state, data)
                 run.save(step, checkpoint, last=last_step or stopping)
-            if last_step:
-                break
-            if stopping:
+            if last_step or stopping:
                 break
 
             # one optimization step: grad_accum_steps micro-steps of B x T tokens
