@@ -501,9 +501,13 @@ class StopSignal:
         return self.name is not None
 
     def __exit__(self, *exc):
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, self.previous)
+        # a request still pending asks for nothing now (the run has ended): taken, not delivered
+        # to the handler given back
+        for sig in signal.sigpending() & set(self.previous):
+            signal.sigwait([sig])
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, self.previous)
 
 
 # -----------------------------------------------------------------------------
@@ -808,8 +812,6 @@ class Run:
             self.wandb_run.finish()
 
     def __exit__(self, kind, error, traceback):
-        if self.stop is not None:
-            self.stop.__exit__()
         if self.metrics is not None:
             self.metrics.close()
         if self.lock is not None:
@@ -823,6 +825,9 @@ class Run:
             remove_made(self.made)
         if dist.is_initialized():
             dist.destroy_process_group()
+        # the signals last: from here to the command line's end a stop asks for nothing more
+        if self.stop is not None:
+            self.stop.__exit__()
 
 
 def make_preset_data(data_root, preset_data):

@@ -1037,14 +1037,18 @@ def check_resumable(ckpt, model, optimizers, cfg, data):
     for name in ("batch_size", "seq_len", "total_batch_size", "shuffle", "seed", "optimizer"):
         if saved.get(name) != getattr(cfg, name):
             raise ValueError(f"resume: --{name} was {saved.get(name)} {fix}")
-    # every field of the model's config, one the checkpoint predates at its default
+    # every field of the model's config, one the checkpoint predates at its default (--init_from
+    # would bring the checkpoint's model, not this one: the way on is its flag, or a new run)
     ours = dataclasses.asdict(model.config)
     theirs = {f.name: f.default for f in dataclasses.fields(GPTConfig)}
     theirs.update(ckpt["model_config"])
+    flags = [f.name for f in dataclasses.fields(ModelConfig)]
     for name, value in theirs.items():
         if name != "dropout" and ours.get(name) != value:
+            way = f"resume with --{name} {value}, or " if name in flags else ""
             raise ValueError(
-                f"resume: its model's {name} is {value}, this one's {ours.get(name)} {fix}"
+                f"resume: its model's {name} is {value}, this one's {ours.get(name)}: {way}train"
+                " this model from scratch in a new --log_dir"
             )
     # the same config, other weights
     differ = weight_differing(model, ckpt["model"])
@@ -1348,9 +1352,10 @@ def train(cfg, log=print):
                 loss.backward()
 
             # The step's results, summed over the ranks in one all-reduce and brought to the host
-            # with the gradient norm in one sync: the mean loss (a scalar added here is logged
-            # with it), whether a rank was asked to stop (all ranks stop together) and rank 0's
-            # training clock (a time-bounded run's LR and last step are the same on every rank).
+            # with the gradient norm in one sync: the mean loss, whether a rank was asked to stop
+            # (all ranks stop together) and rank 0's training clock (a time-bounded run's LR and
+            # last step are the same on every rank). A scalar added here (a 0-d tensor on the
+            # device, this rank's share of the mean: / world_size) is logged with the loss.
             seconds = state.train_seconds + time.time() - t0 if master_process else 0.0
             sums = {
                 "train": loss_accum / world_size,

@@ -1261,7 +1261,7 @@ def test_a_model_field_added_in_one_place_reaches_the_model_and_its_checkpoints(
     assert model.config.mlp_ratio == 2 and model.transformer.h[0].mlp.c_fc.out_features == 64
     resume = tiny_flags(small_corpus, tmp_path / "before", max_steps=4, resume="auto")
     code, err = run_main(my_train.main, resume + ["--mlp_ratio", "2"], capsys)
-    refusal = "resume: its model's mlp_ratio is 4, this one's 2 (a new run from its weights"
+    refusal = "resume: its model's mlp_ratio is 4, this one's 2: resume with --mlp_ratio 4, or"
     one_line_error(code, err, "my_train.py", refusal)
 
 
