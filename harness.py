@@ -500,6 +500,16 @@ class StopSignal:
             self.log(f"{self.name}: the run stops at the end of this step, with a checkpoint")
         return self.name is not None
 
+    def work_done(self):
+        # The run's work is done (its last checkpoint and result written): from here on a stop
+        # signal asks for nothing. One whose default would end the process (SIGTERM, SIGUSR1,
+        # SIGHUP) is ignored once given back, until the process ends: a scheduler's SIGTERM at
+        # the job's end, as the run's memory is freed, leaves exit status 0. (A handler of
+        # Python's, SIGINT's KeyboardInterrupt, comes back as it was.)
+        for sig, handler in self.previous.items():
+            if handler == signal.SIG_DFL:
+                self.previous[sig] = signal.SIG_IGN
+
     def __exit__(self, *exc):
         # a request still pending asks for nothing now (the run has ended): taken, not delivered
         # to the handler given back
@@ -810,6 +820,7 @@ class Run:
             self.log(record_result(self.log_dir, status, step, self.device))
         if self.wandb_run is not None:
             self.wandb_run.finish()
+        self.stop.work_done()
 
     def __exit__(self, kind, error, traceback):
         if self.metrics is not None:
