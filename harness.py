@@ -2,7 +2,9 @@
 What keeps a training run safe and recorded, so that train_gpt2.py can hold the idea alone. Its
 loop calls this module in a few plain lines:
 
-    with harness.Run(cfg, log) as run:    # rank 0: the code read now, log_dir checked and locked
+    run = harness.Run(cfg, log)            # rank 0 reads the code now, before anything slow
+    with run:                              # log_dir resolved once and locked (rank 0)
+        root = run.hold_corpus(data_root)  # resolved once, held for the run (fineweb.py waits)
         ckpt = run.resume()                # the checkpoint --resume names, read on every rank
         run.begin(step, device, model=..., data=...)   # the start record; stop signals only ask
         run.report(step, train=loss, ...)  # the console (rank 0), log.txt and wandb
@@ -18,8 +20,9 @@ checkpoint can continue under the code is train_gpt2.py's to say (check_resumabl
 
 A run writes into --log_dir: log.txt (`step kind value` lines), runs.jsonl (a line per start:
 the config, the data, the versions, the device and the code that ran, kept in code/; a line per
-end: the result), checkpoints model_{step:05d}.pt and curves.png. One run holds a log_dir at a
-time, and writes only into an empty one or the run it continues.
+end: the result; a module first imported in the loop: code_added), checkpoints
+model_{step:05d}.pt and curves.png. One run holds a log_dir at a time, and writes only into an
+empty one or the run it continues; a start that fails before its first step leaves nothing.
 
 Importing this module loads torch: a program that imports it first (train_gpt2.py, sample.py,
 hellaswag.py, export_hf.py, bench.py) ends Ctrl-C meanwhile in one line. Nothing else runs.

@@ -74,7 +74,7 @@ mislead.
 
 Imports the standard library and fineweb (its atomic write, and say: a closed stdout ends the
 printing quietly) at module level; matplotlib when it draws, numpy and scipy when it compares;
-never train_gpt2, which imports this module.
+never harness or train_gpt2 (harness.py imports this module).
 """
 
 import argparse

@@ -314,6 +314,43 @@ def test_the_result_record_holds_log_txts_last_values(small_corpus, tmp_path, mo
     assert results[1]["tokens"] == 12 * 128 and results[1]["time"] > results[0]["time"]
 
 
+def test_plot_counts_only_the_finished_runs_of_the_trainer_once_a_seed(
+    small_corpus, tmp_path, monkeypatch
+):
+    # Runs of the real loop: two arms of seeds 1 and 2; in the base arm, seed 2 stopped by a
+    # SIGTERM during its second val pass, and seed 1 run again into the free log_dir a refusal
+    # offers. plot.py (a real process) compares the finished seeds, each once, and names the
+    # others; with the arms named by hand, the same.
+    run = dict(max_steps=8, eval_interval=4)
+    for seed in (1, 2):
+        train(small_corpus, tmp_path / f"edit-{seed}", seed=seed, max_lr=2e-3, **run)
+    train(small_corpus, tmp_path / "base-1", seed=1, **run)
+    train(small_corpus, tmp_path / "base-1-2", seed=1, **run)
+    evaluate = train_gpt2.evaluate_val_loss
+    calls = []
+
+    def val_with_a_signal(model, loader, steps, amp, stop):
+        calls.append(1)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return evaluate(model, loader, steps, amp, stop)
+
+    monkeypatch.setattr(train_gpt2, "evaluate_val_loss", val_with_a_signal)
+    train(small_corpus, tmp_path / "base-2", seed=2, **run)
+    monkeypatch.undo()
+    base = [tmp_path / name for name in ("base-1", "base-2", "base-1-2")]
+    edit = [tmp_path / "edit-1", tmp_path / "edit-2"]
+    for args in ([*base, *edit], ["--arm", "base", *base, "--arm", "edit", *edit]):
+        compared = run_program("plot.py", [*args, "--json"])
+        assert compared.returncode == 0, compared.stderr
+        arms = json.loads(compared.stdout)["arms"]
+        left_out = {Path(r["run"]).name: r["why"] for r in arms[0]["left_out"]}
+        assert arms[0]["seeds"] == [1] and arms[1]["seeds"] == [1, 2]
+        assert left_out.keys() == {"base-2", "base-1-2"}
+        assert "stopped at step 4 of 8" in left_out["base-2"]
+        assert "seed 1 again" in left_out["base-1-2"]
+
+
 def test_a_time_bounded_run_ends_with_its_cosine_finished(small_corpus, tmp_path):
     # 0.5 s of training, far fewer than max_steps: the last step's LR is min_lr, then the final
     # val and checkpoint; a resume with the same budget trains no further
