@@ -346,6 +346,23 @@ def train_tiny(data_root, log_dir, **overrides):
     return result, lines
 
 
+def sigterm_at_val_pass(monkeypatch, n):
+    """The trainer in this process gets a SIGTERM at the start of its n-th val pass (from 1), as
+    a scheduler sends it: the pass ends early and the run stops with a checkpoint."""
+    import train_gpt2
+
+    evaluate = train_gpt2.evaluate_val_loss
+    calls = []
+
+    def val_with_a_signal(*args):
+        calls.append(1)
+        if len(calls) == n:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return evaluate(*args)
+
+    monkeypatch.setattr(train_gpt2, "evaluate_val_loss", val_with_a_signal)
+
+
 def tiny_flags(data_root, log_dir, **overrides):
     return flags(**{**TINY, "data_root": data_root, "log_dir": log_dir, **overrides})
 

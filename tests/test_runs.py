@@ -25,6 +25,7 @@ from conftest import (
     finish,
     read_log,
     run_program,
+    sigterm_at_val_pass,
     start,
     tiny_flags,
     torchrun,
@@ -292,16 +293,7 @@ def test_the_result_record_holds_log_txts_last_values(small_corpus, tmp_path, mo
     assert lines[-1].startswith("finished at step 12: tokens 1536 | time ")
 
     # stopped (a signal during step 6's val pass): its result too, and the resume's after it
-    evaluate = train_gpt2.evaluate_val_loss
-    calls = []
-
-    def val_with_a_signal(model, loader, steps, amp, stop):
-        calls.append(1)
-        if len(calls) == 2:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return evaluate(model, loader, steps, amp, stop)
-
-    monkeypatch.setattr(train_gpt2, "evaluate_val_loss", val_with_a_signal)
+    sigterm_at_val_pass(monkeypatch, 2)
     train(small_corpus, tmp_path / "stopped", max_steps=12, ckpt_interval=0)
     _, [record] = records(tmp_path / "stopped")
     log = read_log(tmp_path / "stopped")
@@ -326,16 +318,7 @@ def test_plot_counts_only_the_finished_runs_of_the_trainer_once_a_seed(
         train(small_corpus, tmp_path / f"edit-{seed}", seed=seed, max_lr=2e-3, **run)
     train(small_corpus, tmp_path / "base-1", seed=1, **run)
     train(small_corpus, tmp_path / "base-1-2", seed=1, **run)
-    evaluate = train_gpt2.evaluate_val_loss
-    calls = []
-
-    def val_with_a_signal(model, loader, steps, amp, stop):
-        calls.append(1)
-        if len(calls) == 2:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return evaluate(model, loader, steps, amp, stop)
-
-    monkeypatch.setattr(train_gpt2, "evaluate_val_loss", val_with_a_signal)
+    sigterm_at_val_pass(monkeypatch, 2)
     train(small_corpus, tmp_path / "base-2", seed=2, **run)
     monkeypatch.undo()
     base = [tmp_path / name for name in ("base-1", "base-2", "base-1-2")]
@@ -436,13 +419,7 @@ def test_a_branch_stopped_or_killed_before_its_first_checkpoint_continues_as_a_b
     proc.kill()
     finish(proc)
     # stopped during its first val pass, before any step
-    evaluate = train_gpt2.evaluate_val_loss
-
-    def val_with_a_signal(model, loader, steps, amp, stop):
-        os.kill(os.getpid(), signal.SIGTERM)
-        return evaluate(model, loader, steps, amp, stop)
-
-    monkeypatch.setattr(train_gpt2, "evaluate_val_loss", val_with_a_signal)
+    sigterm_at_val_pass(monkeypatch, 1)
     result, _ = train(small_corpus, tmp_path / "c", max_steps=8, eval_interval=2, resume=source)
     assert result["stopped"] and result["step"] == 2
     monkeypatch.undo()

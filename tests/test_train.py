@@ -29,6 +29,7 @@ from conftest import (
     read_log,
     run_main,
     run_program,
+    sigterm_at_val_pass,
     start,
     tiny_flags,
     torchrun,
@@ -1132,16 +1133,7 @@ def test_a_stop_during_the_val_pass_ends_it_early_with_a_checkpoint(
 
 
 def test_a_stop_during_a_later_val_pass_checkpoints_that_step(small_corpus, tmp_path, monkeypatch):
-    evaluate = train_gpt2.evaluate_val_loss
-    calls = []
-
-    def val_with_a_signal(model, loader, steps, amp, stop):
-        calls.append(1)
-        if len(calls) == 2:  # step 6's pass
-            os.kill(os.getpid(), signal.SIGTERM)
-        return evaluate(model, loader, steps, amp, stop)
-
-    monkeypatch.setattr(train_gpt2, "evaluate_val_loss", val_with_a_signal)
+    sigterm_at_val_pass(monkeypatch, 2)  # step 6's pass
     result, lines = train(small_corpus, tmp_path, max_steps=12, eval_interval=6, ckpt_interval=0)
     assert result["stopped"] and result["step"] == 6
     assert sorted(read_log(tmp_path)["val"]) == [0]
