@@ -1398,6 +1398,19 @@ def verify_shard(path, entry, vocab_size):
     return None
 
 
+# Every shard of a corpus checked before a run reads it (verify_shard: its sha256 against the
+# manifest's, every id below the vocabulary), or a ValueError line. That reads the whole corpus
+# once, so the processes of a node share it: process `rank` of `world` checks every world-th
+# shard (docs/data.md: its cost).
+def verify_shards(root, manifest, vocab_size, rank=0, world=1):
+    for i, entry in enumerate(manifest["shards"]):
+        if i % world != rank:
+            continue
+        problem = verify_shard(Path(root) / entry["file"], entry, vocab_size)
+        if problem:
+            raise ValueError(f"{problem}; rerun fineweb.py")
+
+
 # the tokens of a shard of build-nanogpt's (no manifest), from its header; a one-line ValueError
 # if it is not a whole .npy file of uint16 tokens
 def nanogpt_tokens(path):

@@ -4,7 +4,7 @@ loop calls this module in a few plain lines:
 
     run = harness.Run(cfg, log)            # rank 0 reads the code now, before anything slow
     with run:                              # log_dir resolved once and locked (rank 0)
-        root = run.hold_corpus(data_root)  # resolved once, held for the run (fineweb.py waits)
+        root, manifest = run.open_corpus(data_root)    # resolved once, held, its shards checked
         ckpt = run.resume()                # the checkpoint --resume names, read on every rank
         run.begin(step, device, model=..., data=...)   # the start record; stop signals only ask
         run.report(step, train=loss, ...)  # the console (rank 0), log.txt and wandb
@@ -214,7 +214,27 @@ def read_checkpoint(path):
     keys = {"model", "model_config", "step"}
     if not isinstance(ckpt, dict) or not keys <= ckpt.keys() or not isinstance(ckpt["model"], dict):
         raise ValueError(f"{path} is not a train_gpt2.py checkpoint")
+    # An older layout brought to this one's: its tokenizer at the top level (now the data's), no
+    # count of its tokens (each of its steps took --total_batch_size).
+    if "tokenizer" in ckpt:
+        data = ckpt.get("data") if isinstance(ckpt.get("data"), dict) else {}
+        ckpt["data"] = {"tokenizer": ckpt.pop("tokenizer"), **data}
+    if "tokens" not in ckpt and isinstance(ckpt.get("train_config"), dict):
+        ckpt["tokens"] = ckpt["step"] * ckpt["train_config"].get("total_batch_size", 0)
     return ckpt
+
+
+def check_model_files(source):
+    # A model named by a path that is not a checkpoint: what transformers would open there must be
+    # plain files or directories (a FIFO or a device would hang it), or one ValueError line.
+    path = Path(source)
+    entries = [path, *path.iterdir()] if path.is_dir() else [path]
+    for entry in entries:
+        if entry.exists() and not entry.is_file() and not entry.is_dir():
+            raise ValueError(
+                f"{entry} is not a regular file (a FIFO or a device?): a model is a .pt"
+                " checkpoint, or a Hugging Face directory of plain files"
+            )
 
 
 def save_checkpoint(path, checkpoint):
@@ -642,6 +662,23 @@ class Run:
             )
         return root
 
+    def open_corpus(self, data_root):
+        # (root, manifest) of the corpus the run reads: held (hold_corpus), its manifest checked,
+        # and every shard checked against it before training reads it; the processes of a node
+        # share the check (each node checks its own copy).
+        root = self.hold_corpus(data_root)
+        manifest = fineweb.load_corpus(root)
+        if "note" in manifest:
+            self.log(f"note: {manifest['note']}")
+        vocab_size = fineweb.tokenizer_from_manifest(manifest).n_vocab
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+        t0 = time.time()
+        fineweb.verify_shards(root, manifest, vocab_size, local_rank, local_world)
+        checked = f"{len(manifest['shards'])} shards of {root} checked against manifest.json"
+        self.log(f"{checked} ({time.time() - t0:.1f} s)")
+        return root, manifest
+
     def resume(self):
         # The checkpoint --resume names, read on every rank (rank 0 chooses), or None. One of
         # this log_dir's continues its run (its wandb run too); another's starts a branch.
@@ -668,6 +705,11 @@ class Run:
         # checkpoint, opens wandb and writes the start record. From here on a stop signal only
         # asks (stop_requested).
         self.device = device
+        if self.resumed_from is not None:
+            self.log(f"resumed from {self.resumed_from} at step {step}")
+            if self.cfg.init_from != "scratch":
+                note = f"note: --init_from {self.cfg.init_from} not applied: the run goes on from"
+                self.log(f"{note} {self.resumed_from}")
         if self.master:
             self.start_record(step, record)
         self.ckpt = None  # (its memory is the model's and optimizers' now)
@@ -867,9 +909,11 @@ MAX_SAMPLE_LENGTH = 2048
 MAX_LAYERS = 1024
 
 
-def check_numbers(cfg):
-    # Every number of a config is finite, and >= 0 unless its default is not (a -1 meaning
-    # "off"); an integer fits the int64 that torch and numpy count in. One ValueError line.
+def check_flags(cfg):
+    # What holds for any TrainConfig, checked before anything runs and before its recipe's own
+    # checks (train_gpt2.py's TrainConfig); the first bad flag is a ValueError line. Every number
+    # finite, and >= 0 unless its default is not (a -1 meaning "off"); an integer within the
+    # int64 that torch and numpy count in (a field a fork adds is checked so too); no empty path.
     for field in dataclasses.fields(cfg):
         value = getattr(cfg, field.name)
         if type(value) not in (int, float):
@@ -878,11 +922,13 @@ def check_numbers(cfg):
             raise ValueError(f"--{field.name} must be a finite number >= 0, got {value}")
         if type(value) is int and abs(value) >= 2**63:
             raise ValueError(f"--{field.name} must be below 2**63 (an int64), got {value}")
+    if not (cfg.data_root and cfg.log_dir and cfg.init_from):
+        raise ValueError("--data_root, --log_dir and --init_from must not be empty")
 
 
 def check_typos(cfg):
-    # the bounds a typo cannot pass (a step of hours, a sample a stop request waits for, a model
-    # whose parameters take minutes to count)
+    # After the recipe's checks (sizes > 0): the bounds a typo cannot pass, a step of hours, a
+    # sample a stop request waits for, a model whose parameters take minutes to count
     micro_batches = cfg.total_batch_size // (cfg.batch_size * cfg.seq_len)
     if micro_batches > MAX_MICRO_STEPS:
         raise ValueError(
@@ -965,7 +1011,6 @@ def parse_args(argv, config_class, presets):
     args.pop("preset")
     try:
         cfg = config_class(**args)
-        check_typos(cfg)
     except ValueError as e:
         parser.error(str(e))
     return cfg

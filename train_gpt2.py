@@ -108,8 +108,9 @@ class TrainConfig(ModelConfig):
 
     def __post_init__(self):
         # Checked before anything runs: a bad flag is one line now, not a failure hours later.
-        # Every number finite and >= 0 (harness.check_numbers), then what the recipe needs.
-        harness.check_numbers(self)
+        # Every number finite and >= 0, no empty path (harness.check_flags), then what the recipe
+        # needs, then the bounds only a typo passes (harness.check_typos).
+        harness.check_flags(self)
         sizes = ["n_layer", "n_head", "n_embd", "batch_size", "seq_len", "total_batch_size"]
         for name in sizes + ["max_steps", "max_lr", "sample_length"]:
             if getattr(self, name) == 0:
@@ -136,8 +137,7 @@ class TrainConfig(ModelConfig):
             raise ValueError("--optimizer muon needs --muon_lr > 0")
         if self.compile not in ("auto", "true", "false"):
             raise ValueError("--compile must be auto, true or false")
-        if not (self.data_root and self.log_dir and self.init_from):
-            raise ValueError("--data_root, --log_dir and --init_from must not be empty")
+        harness.check_typos(self)
 
 
 PRESETS = {
@@ -538,18 +538,6 @@ class Muon(torch.optim.Optimizer):
 # Data: fineweb.py's shards, read in windows
 
 
-def verify_shards(data_root, manifest, vocab_size, rank, world):
-    # Every shard checked before training reads it: its sha256 against manifest.json's and every
-    # id below the vocabulary. That reads the whole corpus once, so the processes of a node
-    # share it: process `rank` of `world` checks every world-th shard (docs/data.md: its cost).
-    for i, entry in enumerate(manifest["shards"]):
-        if i % world != rank:
-            continue
-        problem = fineweb.verify_shard(Path(data_root) / entry["file"], entry, vocab_size)
-        if problem:
-            raise ValueError(f"{problem}; rerun fineweb.py")
-
-
 class Shard:
     # One shard file, read nothing until its pool is reached (map): a corpus of thousands of
     # shards holds open only the files of the shards being read (`ulimit -n` is often 1024).
@@ -575,7 +563,7 @@ class Shard:
 
 
 def load_shards(data_root, split, manifest):
-    # the split's shards (verify_shards has checked them against the manifest)
+    # the split's shards (the harness has checked them against the manifest)
     entries = [e for e in manifest["shards"] if e["split"] == split]
     shards = [Shard(Path(data_root) / e["file"], e["tokens"]) for e in entries]
     if not shards:
@@ -971,11 +959,7 @@ def resume(ckpt, cfg, raw_model, optimizers, train_loader, data):
         )
     train_loader.load_state_dict(ckpt["loader"])
     fields = [f.name for f in dataclasses.fields(TrainState)]
-    state = TrainState(**{name: ckpt[name] for name in fields if name in ckpt})
-    # (a checkpoint before the tokens were counted: every step took the same batch)
-    if "tokens" not in ckpt:
-        state.tokens = state.step * cfg.total_batch_size
-    return state
+    return TrainState(**{name: ckpt[name] for name in fields if name in ckpt})
 
 
 def check_finite(model, source):
@@ -1092,15 +1076,7 @@ def load_model(source, device="cpu", dropout=None):
     # hub name (these two with GPT-2's tokenizer); what cannot load is one ValueError line. The
     # model's dropout is `dropout`, or None: the checkpoint's (a Hugging Face model's: none).
     if not str(source).endswith(".pt"):
-        # transformers opens what a directory holds: a FIFO or a device there would hang it
-        path = Path(source)
-        entries = [path, *path.iterdir()] if path.is_dir() else [path]
-        for entry in entries:
-            if entry.exists() and not entry.is_file() and not entry.is_dir():
-                raise ValueError(
-                    f"{entry} is not a regular file (a FIFO or a device?): a model is a .pt"
-                    " checkpoint, or a Hugging Face directory of plain files"
-                )
+        harness.check_model_files(source)
         model = GPT.from_pretrained(str(source), dropout or 0.0)
         # GPT-2's tokenizer goes with it: a smaller table would be handed ids it does not hold
         if model.config.vocab_size < fineweb.GPT2_VOCAB_SIZE:
@@ -1126,9 +1102,7 @@ def load_model(source, device="cpu", dropout=None):
             )
         model.load_state_dict(ckpt["model"])
         check_finite(model, source)
-        # the data's tokenizer (a checkpoint before this version held it at its top level)
-        info = ckpt.get("data", {}).get("tokenizer", ckpt.get("tokenizer"))
-        enc = fineweb.tokenizer_from_manifest(info)
+        enc = fineweb.tokenizer_from_manifest(ckpt["data"]["tokenizer"])
     except (KeyError, TypeError, AttributeError, RuntimeError) as e:
         raise ValueError(f"{source} is not a checkpoint of train_gpt2.py's GPT ({e})") from None
     return model.to(device), enc
@@ -1191,19 +1165,10 @@ def train(cfg, log=print):
         T = cfg.seq_len
         grad_accum_steps = micro_steps(cfg, world_size)
 
-        # data: what fineweb.py wrote, held for the run (fineweb.py changes no corpus a run reads),
-        # each shard checked against its manifest before training reads it (the processes of a
-        # node share the check; each node checks its own copy)
-        data_root = run.hold_corpus(cfg.data_root)
-        manifest = fineweb.load_corpus(data_root)
-        if "note" in manifest:
-            run.log(f"note: {manifest['note']}")
+        # data: fineweb.py's corpus, held for the run and every shard checked against its
+        # manifest before training reads it (harness.py)
+        data_root, manifest = run.open_corpus(cfg.data_root)
         enc = fineweb.tokenizer_from_manifest(manifest)
-        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-        t0 = time.time()
-        verify_shards(data_root, manifest, enc.n_vocab, local_rank, local_world)
-        checked = f"{len(manifest['shards'])} shards of {data_root} checked against manifest.json"
-        run.log(f"{checked} ({time.time() - t0:.1f} s)")
         data = {"tokenizer": fineweb.tokenizer_info(enc), "fingerprint": manifest["fingerprint"]}
         train_shards = load_shards(data_root, "train", manifest)
         train_loader = DataLoaderLite(
@@ -1237,10 +1202,6 @@ def train(cfg, log=print):
         if ckpt is not None:
             state = resume(ckpt, cfg, raw_model, optimizers, train_loader, data)
             check_finite(raw_model, run.resumed_from)
-            run.log(f"resumed from {run.resumed_from} at step {state.step}")
-            if cfg.init_from != "scratch":
-                note = f"note: --init_from {cfg.init_from} not applied: the run goes on from"
-                run.log(f"{note} {run.resumed_from}")
         ckpt = None  # (its memory is the model's and optimizers' now)
         start_step = state.step
         # the model as built (--init_from's shape, not the flags'), the data it reads

@@ -84,7 +84,7 @@ def char_checkpoint(path, chars, n_embd=32, seed=0, block_size=32):
         "model": model.state_dict(),
         "model_config": dataclasses.asdict(config),
         "step": 0,
-        "tokenizer": fineweb.tokenizer_info(fineweb.CharTokenizer(chars)),
+        "data": {"tokenizer": fineweb.tokenizer_info(fineweb.CharTokenizer(chars))},
     }
     harness.save_checkpoint(path, ckpt)
     return path
@@ -370,10 +370,10 @@ def make_inputs(root):
     torch.save([1, 2, 3], root / "list.pt")
     torch.save({"model": {}, "model_config": [2], "step": 0}, root / "foreign.pt")
     saved = harness.read_checkpoint(ckpt)
-    del saved["tokenizer"]
+    del saved["data"]["tokenizer"]
     harness.save_checkpoint(root / "no_tokenizer.pt", saved)
     saved = harness.read_checkpoint(char_checkpoint(root / "small_table.pt", "abc"))
-    saved["tokenizer"] = fineweb.tokenizer_info(fineweb.CharTokenizer("abcd"))
+    saved["data"]["tokenizer"] = fineweb.tokenizer_info(fineweb.CharTokenizer("abcd"))
     harness.save_checkpoint(root / "small_table.pt", saved)
     (root / "full").mkdir()
     (root / "full" / "mine.txt").write_text("keep me")

@@ -499,7 +499,9 @@ def make_checkpoint(path, tokenizer="gpt2", block_size=64, nan=False):
         "model": model.state_dict(),
         "model_config": dataclasses.asdict(config),
         "step": 10,
-        "tokenizer": {"tokenizer": tokenizer, "vocab": None if tokenizer == "gpt2" else "abc"},
+        "data": {
+            "tokenizer": {"tokenizer": tokenizer, "vocab": None if tokenizer == "gpt2" else "abc"}
+        },
     }
     harness.save_checkpoint(path, ckpt)
     return path
