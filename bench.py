@@ -61,6 +61,7 @@ from train_gpt2 import (
     GPT,
     DataLoaderLite,
     GPTConfig,
+    ModelConfig,
     TrainConfig,
     evaluate_val_loss,
     sample_texts,
@@ -87,11 +88,13 @@ PRESETS = {
         val_batches=20,
         hellaswag=1256,
     ),
-    # train_gpt2.py's shakespeare_char recipe (65 characters)
+    # train_gpt2.py's shakespeare_char recipe (65 characters; nanoGPT's choices of biases and GELU)
     "shakespeare_char": dict(
         n_layer=4,
         n_head=4,
         n_embd=128,
+        bias=False,
+        gelu_approximate="none",
         vocab_size=65,
         seq_len=64,
         batch_sizes=[12, 48],
@@ -544,13 +547,9 @@ def run(args):
     for key in ("batch_sizes", "seq_len", "steps", "new_tokens"):
         if getattr(args, key) is None:
             setattr(args, key, preset[key])
-    config = GPTConfig(
-        block_size=args.seq_len,
-        vocab_size=preset["vocab_size"],
-        n_layer=preset["n_layer"],
-        n_head=preset["n_head"],
-        n_embd=preset["n_embd"],
-    )
+    # the preset's model fields (n_layer, ...), the rest GPTConfig's defaults (GPT-2's)
+    shape = {k: v for k, v in preset.items() if k in ModelConfig.__dataclass_fields__}
+    config = GPTConfig(block_size=args.seq_len, vocab_size=preset["vocab_size"], **shape)
     # auto: compiled on CUDA
     if args.compile == "auto":
         args.compile = "true" if device.startswith("cuda") else "false"

@@ -76,7 +76,8 @@ def hf_model(model, n_vocab, eot):
     c = model.config
     config = GPT2Config(
         **{theirs: getattr(c, ours) for ours, theirs in train_gpt2.HF_CONFIG.items()},
-        activation_function="gelu_new",  # GELU, tanh approximation
+        # GPT-2's GELU (tanh) or the exact one
+        activation_function="gelu_new" if c.gelu_approximate == "tanh" else "gelu",
         resid_pdrop=c.dropout,
         embd_pdrop=c.dropout,
         attn_pdrop=c.dropout,
@@ -89,6 +90,11 @@ def hf_model(model, n_vocab, eot):
     sd = {}
     for key, value in model.state_dict().items():
         sd[key] = value.t() if key.endswith(train_gpt2.HF_TRANSPOSED) else value
+    # a model without biases is GPT-2's with biases of zero
+    if not c.bias:
+        for key, value in hf.named_parameters():
+            if key.endswith(".bias"):
+                sd[key] = torch.zeros_like(value)
     differ = train_gpt2.weight_differing(hf, sd)
     if differ:
         raise ValueError(f"GPT-2's format cannot hold this model: {differ} differs")

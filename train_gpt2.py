@@ -49,6 +49,10 @@ class ModelConfig:
     n_head: int = 12  # attention heads per block
     n_embd: int = 768  # width of the residual stream
     dropout: float = 0.0  # on embeddings, attention weights and both residual branches
+    # GPT-2's weights need its biases and its tanh GELU; from scratch, nanoGPT's choices (no
+    # biases, the exact GELU) train as well and faster on a CPU (docs/benchmarks.md)
+    bias: bool = True  # biases in the Linears and LayerNorms (the head has none)
+    gelu_approximate: str = "tanh"  # the GELU: tanh (GPT-2's approximation) or none (exact)
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -135,6 +139,8 @@ class TrainConfig(ModelConfig):
             raise ValueError("--optimizer must be adamw or muon")
         if self.optimizer == "muon" and not self.muon_lr:
             raise ValueError("--optimizer muon needs --muon_lr > 0")
+        if self.gelu_approximate not in ("tanh", "none"):
+            raise ValueError("--gelu_approximate must be tanh or none")
         if self.compile not in ("auto", "true", "false"):
             raise ValueError("--compile must be auto, true or false")
         harness.check_typos(self)
@@ -173,6 +179,8 @@ PRESETS = {
         n_layer=4,
         n_head=4,
         n_embd=128,
+        bias=False,
+        gelu_approximate="none",
         batch_size=12,
         seq_len=64,
         total_batch_size=768,
@@ -222,8 +230,8 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, config, layer):
         super().__init__()
         # key, query, value projections for all heads, in one matmul
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd)
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
         self.n_head = config.n_head
         self.layer = layer  # its index in a KVCache
@@ -232,7 +240,9 @@ class CausalSelfAttention(nn.Module):
         B, T, C = x.size()
         # q, k, v of every head: c_attn's output is [q | k | v], each head's hs columns in a row
         qkv = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (B, nh, T, hs)
+        # (B, T, nh, hs) -> (B, nh, T, hs); unbind's backward stacks the three gradients into
+        # c_attn's layout, where a permute's would copy them once more
+        q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))
         past = 0
         if kv_cache is not None:
             past = kv_cache.pos
@@ -254,9 +264,9 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, config):
         super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd)
-        self.gelu = nn.GELU(approximate="tanh")  # GPT-2's GELU
-        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd)
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.gelu = nn.GELU(approximate=config.gelu_approximate)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x):
@@ -266,9 +276,9 @@ class MLP(nn.Module):
 class Block(nn.Module):
     def __init__(self, config, layer):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.n_embd)
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.attn = CausalSelfAttention(config, layer)
-        self.ln_2 = nn.LayerNorm(config.n_embd)
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
     def forward(self, x, kv_cache=None):
@@ -287,6 +297,8 @@ HF_CONFIG = {
     "n_head": "n_head",
     "n_embd": "n_embd",
 }
+# GPT2Config's activation_function -> our gelu_approximate (GPT-2's own is gelu_new)
+HF_GELU = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "none"}
 
 
 class GPT(nn.Module):
@@ -299,7 +311,7 @@ class GPT(nn.Module):
                 wpe=nn.Embedding(config.block_size, config.n_embd),
                 drop=nn.Dropout(config.dropout),
                 h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
-                ln_f=nn.LayerNorm(config.n_embd),
+                ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
             )
         )
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
@@ -376,7 +388,7 @@ class GPT(nn.Module):
                     f" here ({reason})"
                 ) from None
             raise ValueError(f"{name_or_dir}: transformers cannot load it ({reason})") from None
-        # GPT-2 is what our model hard-codes (the tanh GELU, a tied head, the norms' eps) and the
+        # GPT-2 is what our model builds (a GELU, a tied head, the norms' eps, biases) and the
         # weights transformers gives GPT-2 of this shape (no other MLP width, no extra module);
         # the causal-mask buffers of older transformers versions are not weights
         c = hf.config
@@ -385,7 +397,7 @@ class GPT(nn.Module):
             gpt2 = GPT2LMHeadModel(GPT2Config(**{k: getattr(c, k) for k in HF_CONFIG.values()}))
         shapes = {k: v.shape for k, v in gpt2.state_dict().items() if not k.endswith(".attn.bias")}
         same_shapes = shapes == {k: v.shape for k, v in sd_hf.items()}
-        gelu = c.activation_function in ("gelu_new", "gelu_pytorch_tanh")
+        gelu = HF_GELU.get(c.activation_function)
         if not gelu or not c.tie_word_embeddings or c.layer_norm_epsilon != 1e-5 or not same_shapes:
             raise ValueError(
                 f"{name_or_dir}: not GPT-2 (its activation, head, norms, modules or their shapes)"
@@ -393,7 +405,7 @@ class GPT(nn.Module):
         # GPT-2's weights into this model, which an edit may have left without a place for one
         # (no position table, a wider MLP)
         shape = {ours: getattr(c, theirs) for ours, theirs in HF_CONFIG.items()}
-        model = cls(GPTConfig(dropout=dropout, **shape))
+        model = cls(GPTConfig(dropout=dropout, gelu_approximate=gelu, **shape))
         sd = model.state_dict()
         weights = {k: w.t() if k.endswith(HF_TRANSPOSED) else w for k, w in sd_hf.items()}
         differ = weight_differing(model, weights)
@@ -1087,7 +1099,8 @@ def load_model(source, device="cpu", dropout=None):
         return model.to(device), fineweb.get_tokenizer()
     ckpt = harness.read_checkpoint(source)
     try:
-        # (a checkpoint of the previous version records a bias flag too: its weights are the same)
+        # (a field the checkpoint's code had and this one has not is left out: its weights say
+        # whether this model can take them)
         saved = ckpt["model_config"]
         fields = {k: v for k, v in saved.items() if k in GPTConfig.__dataclass_fields__}
         if dropout is not None:

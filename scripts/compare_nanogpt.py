@@ -241,16 +241,17 @@ def val_loss(model, val):
     return total / (len(val) - 1)
 
 
-def train_step_ms(nanogpt, rounds=5, steps=20):
-    # median ms of a bare training step of each model (see the docstring), interleaved
+def train_step_ms(nanogpt, rounds=15, steps=10):
+    # ms of a bare training step of each model (see the docstring): the median of each round's
+    # steps, the models taking turns in every round (a machine's drift is shared by a round)
     spec = importlib.util.spec_from_file_location("nanogpt_model", Path(nanogpt) / "model.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     vocab = 65  # tiny Shakespeare's characters
     shape = dict(n_layer=LAYERS, n_head=HEADS, n_embd=WIDTH, block_size=BLOCK, vocab_size=vocab)
 
-    def ours():
-        model = train_gpt2.GPT(train_gpt2.GPTConfig(**shape))
+    def ours(**choices):
+        model = train_gpt2.GPT(train_gpt2.GPTConfig(**shape, **choices))
         optimizer = model.configure_optimizers(0.1, MAX_LR, "cpu", beta2=BETA2)[0]
         return model, optimizer
 
@@ -261,16 +262,23 @@ def train_step_ms(nanogpt, rounds=5, steps=20):
             optimizer = model.configure_optimizers(0.1, MAX_LR, (0.9, BETA2), "cpu")
         return model, optimizer
 
+    # ours as the preset builds it (nanoGPT's choices: no biases, the exact GELU) and as GPT-2
+    preset = train_gpt2.PRESETS["shakespeare_char"]
     makers = {
-        "ours": ours,
+        "ours": lambda: ours(bias=preset["bias"], gelu_approximate=preset["gelu_approximate"]),
+        "ours as GPT-2": lambda: ours(bias=True, gelu_approximate="tanh"),
         "nanoGPT (no biases)": lambda: nanogpt_model(False),
         "nanoGPT (biases)": lambda: nanogpt_model(True),
     }
     x = torch.randint(0, vocab, (BATCH, BLOCK))
     y = torch.randint(0, vocab, (BATCH, BLOCK))
     times = {name: [] for name in makers}
-    for _ in range(rounds):
-        for name, make in makers.items():
+    rounds_ms = {name: [] for name in makers}
+    names = list(makers)
+    for r in range(rounds):
+        # each round starts with another model: none is always first after the building
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            make = makers[name]
             torch.manual_seed(0)
             model, optimizer = make()
             for step in range(steps + 3):
@@ -283,7 +291,16 @@ def train_step_ms(nanogpt, rounds=5, steps=20):
                 # (the first steps allocate the optimizer's state)
                 if step >= 3:
                     times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(t) * 1000 for name, t in times.items()}
+            rounds_ms[name].append(statistics.median(times[name][-steps:]) * 1000)
+    return rounds_ms
+
+
+def speed_ratio(ours_ms, theirs_ms):
+    # our speed over theirs (their time over ours), a round's pair each: the geometric mean and
+    # its 95% confidence interval (a t-interval of the log ratios, scipy)
+    logs = np.log(np.array(theirs_ms) / np.array(ours_ms))
+    interval = stats.ttest_1samp(logs, 0.0).confidence_interval()
+    return np.exp(logs.mean()), np.exp(interval.low), np.exp(interval.high)
 
 
 def mean_sd(values):
@@ -310,10 +327,15 @@ def main():
 
     torch.set_num_threads(1)
     print(f"the bare train step, float32, 1 thread ({BATCH} x {BLOCK}, {LAYERS}x{HEADS}x{WIDTH})")
-    step_ms = train_step_ms(nanogpt)
+    rounds_ms = train_step_ms(nanogpt)
+    step_ms = {name: statistics.median(ms) for name, ms in rounds_ms.items()}
     for name, ms in step_ms.items():
-        speed = "" if name == "ours" else f"  (ours at {ms / step_ms['ours']:.2f}x its speed)"
+        speed = ""
+        if name != "ours":
+            ratio, low, high = speed_ratio(rounds_ms["ours"], rounds_ms[name])
+            speed = f"  ours at {ratio:.3f}x its speed (95% CI {low:.3f}-{high:.3f})"
         print(f"  {name:20s} {ms:7.2f} ms{speed}")
+    print(f"  (the median of {len(rounds_ms['ours'])} rounds; a ratio: paired by round)")
     if args.step_only:
         return
 

@@ -73,11 +73,11 @@ def nudge(model, std, seed=0):
     return model
 
 
-def char_checkpoint(path, chars, n_embd=32, seed=0, block_size=32):
+def char_checkpoint(path, chars, n_embd=32, seed=0, block_size=32, **choices):
     # a character-level checkpoint, made directly, with train_gpt2.GPT as it is now
     torch.manual_seed(seed)
     config = train_gpt2.GPTConfig(
-        block_size=block_size, vocab_size=len(chars), n_layer=2, n_head=2, n_embd=n_embd
+        block_size=block_size, vocab_size=len(chars), n_layer=2, n_head=2, n_embd=n_embd, **choices
     )
     model = nudge(train_gpt2.GPT(config), 0.3, seed)
     ckpt = {
@@ -320,6 +320,28 @@ def test_char_checkpoint_exports_a_character_tokenizer(tmp_path):
     assert result["generated_text"] == enc.decode(greedy[0].tolist())
 
 
+@pytest.mark.gpt2_contract
+def test_nanogpts_choices_export_as_gpt2_and_load_back(tmp_path):
+    # no biases (GPT-2's of zero) and the exact GELU (transformers' "gelu"), both ways
+    from transformers import AutoModelForCausalLM
+
+    chars = "\n abcdefghij"  # (sorted)
+    choices = {"bias": False, "gelu_approximate": "none"}
+    ckpt = char_checkpoint(tmp_path / "model_00000.pt", chars, **choices)
+    model, _ = train_gpt2.load_model(ckpt)
+    assert not [name for name, _ in model.named_parameters() if name.endswith(".bias")]
+    out = export_hf.export_hf(ckpt, tmp_path / "hf")
+    hf = AutoModelForCausalLM.from_pretrained(out).eval()
+    assert hf.config.activation_function == "gelu"
+    x = torch.randint(0, len(chars), (2, 32), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        logits = model.eval()(x)[0]
+        torch.testing.assert_close(hf(x).logits, logits, atol=1e-5, rtol=1e-5)
+        back = train_gpt2.GPT.from_pretrained(str(out)).eval()
+        assert back.config.gelu_approximate == "none"
+        torch.testing.assert_close(back(x)[0], logits, atol=1e-5, rtol=1e-5)
+
+
 def untied(monkeypatch):
     # the head gets its own weights
     class Untied(train_gpt2.GPT):
@@ -353,9 +375,11 @@ def soft_capped(cap):
 
 
 def test_older_checkpoints_load_with_their_dropout(tmp_path):
-    # a checkpoint of the previous version records a bias flag too (its weights are the same)
+    # an older checkpoint's config: a field this code does not have (its weights are the same),
+    # none of the fields added since (their defaults built what it holds)
     ckpt = harness.read_checkpoint(char_checkpoint(tmp_path / "model_00000.pt", "abc"))
-    ckpt["model_config"].update(bias=True, dropout=0.1)
+    del ckpt["model_config"]["gelu_approximate"]
+    ckpt["model_config"].update(flash=True, dropout=0.1)
     harness.save_checkpoint(tmp_path / "old.pt", ckpt)
     model, enc = export_hf.load(tmp_path / "old.pt")
     assert model.config.dropout == 0.1 and not model.training and enc.chars == "abc"

@@ -17,10 +17,14 @@ from train_gpt2 import GPT, DataLoaderLite, GPTConfig
 CONFIG = GPTConfig(block_size=16, vocab_size=61, n_layer=2, n_head=2, n_embd=32)
 
 
-@pytest.fixture
-def model():
+# GPTConfig's choices of biases and GELU: GPT-2's (the defaults) and nanoGPT's (the quick start's)
+CHOICES = {"GPT-2's": {}, "nanoGPT's": {"bias": False, "gelu_approximate": "none"}}
+
+
+@pytest.fixture(params=CHOICES.values(), ids=CHOICES.keys())
+def model(request):
     torch.manual_seed(0)
-    return GPT(CONFIG).eval()
+    return GPT(dataclasses.replace(CONFIG, **request.param)).eval()
 
 
 def test_a_position_sees_only_itself_and_what_precedes_it(model):

@@ -968,6 +968,7 @@ BAD_INPUTS = [
     (["--seq_len", "0"], "--seq_len must be > 0"),
     (["--batch_size", "0"], "--batch_size must be > 0"),
     (["--shuffle", "maybe"], "--shuffle"),
+    (["--gelu_approximate", "erf"], "--gelu_approximate must be tanh or none"),
     (["--device", "tpu"], "--device"),
     (["--device", "cuda"], "no CUDA"),
     (["--data_root", "no/such/dir"], "fineweb.py"),
