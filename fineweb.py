@@ -488,6 +488,13 @@ def build(pool, args, target, settings, stop):
         info = os.stat(path)
         desc = f"{index + 1}/{len(settings['sources'])} {Path(source).name}"
         shards = tokenize_file(pool, path, target, index, settings, desc, stop)
+        # a file written to while it was read gives shards of neither version: not done
+        after = os.stat(path)
+        if [after.st_size, after.st_mtime_ns] != [info.st_size, info.st_mtime_ns]:
+            raise CorpusError(
+                f"{source} changed while it was tokenised: run fineweb.py again once it is"
+                " written (its shards are made again)"
+            )
         record = {
             "source": source,
             "size": info.st_size,
@@ -541,6 +548,14 @@ def free_download(path, repo, download_dir):
 def run(args, pool, state, stop, wait):
     out_dir = args.out_dir or (f"data/{Path(args.local[0]).stem}" if args.local else "")
     out_dir = check_out_dir(resolved(out_dir or "edu_fineweb10B"))
+    # downloads go where --download_dir means now, never into a run's log_dir or a corpus
+    if args.download_dir:
+        args.download_dir = resolved(args.download_dir)
+        owner = claimed_by(args.download_dir)
+        if owner:
+            raise CorpusError(
+                f"--download_dir {args.download_dir} is inside {owner}: pick a directory outside it"
+            )
     if args.local:
         sources = check_local(args.local)
     else:

@@ -1743,7 +1743,8 @@ def main(argv=None):
         if comparing:
             compare(args.log_dirs, out, args.json, warn, args.arm)
         else:
-            out = write_curves(args.log_dirs[0], out, warn=warn)
+            # read and drawn where the log_dir is now, whatever a link on its path comes to mean
+            out = write_curves(fineweb.resolved(args.log_dirs[0]), out, warn=warn)
             fineweb.say(f"wrote {out}")
     except (OSError, ValueError, ImportError) as e:
         sys.exit(f"plot.py: error: {e}")

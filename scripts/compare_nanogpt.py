@@ -49,6 +49,7 @@ from scipy import stats
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+import fineweb  # noqa: E402
 import train_gpt2  # noqa: E402
 
 LAYERS = 4
@@ -322,6 +323,9 @@ def main():
     out = Path(args.out).resolve()
     if out.exists() and any(out.iterdir()) and not args.step_only:
         parser.error(f"--out {args.out} holds files already: pass a new directory")
+    owner = fineweb.claimed_by(out)
+    if owner:
+        parser.error(f"--out {args.out} is inside {owner}: pass a directory outside it")
     if args.iters < 1 or args.seeds < 1:
         parser.error("--iters and --seeds must be at least 1")
 

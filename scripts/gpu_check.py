@@ -328,7 +328,11 @@ def main(argv=None):
     if not args.cpu_smoke and not torch.cuda.is_available():
         p.error(f"torch {torch.__version__} sees no CUDA GPU: run it on one, or --cpu-smoke")
     mode = "cpu" if args.cpu_smoke else "gpu"
-    run_dir = Path(args.out).resolve() / time.strftime("run_%Y%m%d_%H%M%S")
+    out = Path(args.out).resolve()
+    owner = fineweb.claimed_by(out)
+    if owner:
+        p.error(f"--out {args.out} is inside {owner}: give a directory outside it")
+    run_dir = out / time.strftime("run_%Y%m%d_%H%M%S")
     run_dir.mkdir(parents=True)
     backend = "eager" if args.cpu_smoke else "inductor"
     check = Check(SIZES[mode], "cpu" if args.cpu_smoke else "cuda", backend, run_dir, deadline)

@@ -1227,6 +1227,47 @@ def test_out_dir_is_fineweb_pys_own(tmp_path, out, message):
     assert sorted(tmp_path.rglob("*")) == sorted(before + [a])
 
 
+@pytest.mark.parametrize("inside", ["run/dl", "corpus/dl"])
+def test_downloads_go_into_no_run_or_corpus(tmp_path, inside):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "runs.jsonl").write_text("{}\n")
+    (tmp_path / "corpus" / ".fineweb").mkdir(parents=True)
+    before = sorted(tmp_path.rglob("*"))
+    args = ["--repo", "someone/corpus", "--download_dir", tmp_path / inside]
+    error = main_error(fineweb.main, [*args, "--out_dir", tmp_path / "out"])
+    owner = "the run in" if inside.startswith("run") else "the corpus"
+    top = tmp_path / inside.split("/")[0]
+    assert error.startswith(f"fineweb.py: error: --download_dir {tmp_path / inside} is inside")
+    assert f"inside {owner} {top}: pick a directory outside it" in error
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_a_file_written_to_while_tokenised_is_made_again(tmp_path, monkeypatch):
+    # its shards may hold some of each version: the file is not done, and the rerun makes it
+    a = write_txt(tmp_path / "a.txt", make_docs(20))
+    tokenize_file = fineweb.tokenize_file
+
+    def written_meanwhile(pool, path, *args):
+        shards = tokenize_file(pool, path, *args)
+        with open(path, "a") as f:
+            f.write("\n\n\nA late document.")
+        return shards
+
+    monkeypatch.setattr(fineweb, "tokenize_file", written_meanwhile)
+    out = tmp_path / "out"
+    error = main_error(fineweb.main, ["--local", a, "--out_dir", out, "--shard_size", 700])
+    assert error == (
+        f"fineweb.py: error: {a} changed while it was tokenised: run fineweb.py again once it is"
+        " written (its shards are made again)"
+    )
+    monkeypatch.setattr(fineweb, "tokenize_file", tokenize_file)
+    run_main("--local", a, "--out_dir", out, "--shard_size", 700)
+    fresh = ["--out_dir", tmp_path / "fresh", "--shard_size", 700]
+    run_main("--local", shutil.copy(a, tmp_path / "b.txt"), *fresh)
+    ours = fineweb.load_corpus(out)
+    assert ours["fingerprint"] == fineweb.load_corpus(tmp_path / "fresh")["fingerprint"]
+
+
 def test_a_corpus_a_training_run_reads_is_not_changed(tmp_path, finished):
     # A run holds its corpus's readers' lock shared (here this test's, as a run takes it):
     # --overwrite, or a rerun that would make a damaged file again, is refused and changes
