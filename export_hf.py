@@ -31,7 +31,9 @@ The directory is written as .OUT_DIR.tmp beside OUT_DIR, loaded
 back and checked: its logits must be ours, GPT-2's with random
 weights that work every layer must be our model's with the same
 ones (a checkpoint's own logits may be too small for an edit to
-show), and its tokenizer must give our ids. A model that GPT-2's
+show), and its tokenizer must give our ids. A model without
+biases (--bias false) is GPT-2 with biases of zero, the exact GELU
+(--gelu_approximate none) transformers' "gelu". A model that GPT-2's
 format cannot hold (another activation, an untied head, capped
 logits, other modules) is refused in one line. Only then is it
 renamed to OUT_DIR; an existing non-empty OUT_DIR is never touched.
