@@ -481,10 +481,11 @@ def test_an_edit_seen_only_at_distant_positions_is_refused(tmp_path, capsys, mon
     # 64 positions, so only a check over the whole context (96) sees that GPT-2 differs.
     sdpa = F.scaled_dot_product_attention
 
-    def windowed(q, k, v, attn_mask=None, is_causal=False, dropout_p=0.0):
+    def windowed(q, k, v, attn_mask=None, is_causal=False, dropout_p=0.0, **options):
+        # (options: any other of SDPA's, which an edit may pass: enable_gqa, scale)
         T, S = q.size(-2), k.size(-2)  # queries, keys (the last T of them are the queries')
         mask = torch.ones(T, S, dtype=torch.bool).tril(S - T).triu(S - T - 63)
-        return sdpa(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+        return sdpa(q, k, v, attn_mask=mask, dropout_p=dropout_p, **options)
 
     functional = types.SimpleNamespace(**{**vars(F), "scaled_dot_product_attention": windowed})
     monkeypatch.setattr(train_gpt2, "F", functional)
