@@ -50,7 +50,7 @@ from pathlib import Path
 
 # isort: split
 # first: it loads torch, and Ctrl-C meanwhile ends the program in one line
-import harness  # noqa: F401
+import harness
 
 # isort: split
 import torch
@@ -97,7 +97,7 @@ def hf_model(model, n_vocab, eot):
         for key, value in hf.named_parameters():
             if key.endswith(".bias"):
                 sd[key] = torch.zeros_like(value)
-    differ = train_gpt2.weight_differing(hf, sd)
+    differ = harness.weight_differing(hf, sd)
     if differ:
         raise ValueError(f"GPT-2's format cannot hold this model: {differ} differs")
     hf.load_state_dict(sd)

@@ -15,8 +15,9 @@ loop calls this module in a few plain lines:
 and main() is train_gpt2.py's command line: every field of its TrainConfig a flag (its comment
 the --help), a bad flag or input one line, and the command that continues a stopped run. The
 other programs share its devices (pick_device, out_of_memory) and checkpoint files
-(read_checkpoint); plot.py reads what it writes. It knows nothing of the model: whether a
-checkpoint can continue under the code is train_gpt2.py's to say (check_resumable).
+(read_checkpoint); plot.py reads what it writes. It knows nothing of the model beyond its
+config being a dataclass and its weights a state dict: whether a checkpoint can continue under
+the code (check_resumable) compares those, the optimizers' parameters and the run's batching.
 
 A run writes into --log_dir: log.txt (`step kind value` lines), runs.jsonl (a line per start:
 the config, the data, the versions, the device and the code that ran, kept in code/; a line per
@@ -266,6 +267,121 @@ def choose_checkpoint(resume, log_dir, log):
             return path
         log(f"warning: skipping {path}: damaged (fails its CRC-32 check)")
     return None
+
+
+# -----------------------------------------------------------------------------
+# Whether a checkpoint can continue under this code: the same model, parameters, optimizers,
+# batches and data (train_gpt2.py's resume and load_model ask), and finite weights
+
+
+def check_finite(model, source):
+    # A model whose run diverged (a NaN or an inf among its weights) computes NaN: HellaSwag's
+    # argmin would pick ending 0, a sample would be one token over and over, an export would
+    # blame its architecture. Every loader (resume, load_model, from_pretrained) refuses it so.
+    # Its parameters only: a buffer may hold -inf on purpose (a fork's attention mask).
+    for name, w in model.named_parameters():
+        if not torch.isfinite(w).all():
+            raise ValueError(
+                f"{source} holds non-finite weights (first: {name}): its run diverged before it"
+                " was saved; use an earlier checkpoint"
+            )
+
+
+def weight_differing(model, state):
+    # The name of the first weight the model and a state dict do not share in name and shape, or
+    # None: a model edited since the checkpoint (RoPE, another MLP, ...) named in one line, not
+    # in load_state_dict's list of every key.
+    theirs = {name: tuple(w.shape) for name, w in state.items()}
+    mine = {name: tuple(w.shape) for name, w in model.state_dict().items()}
+    differ = sorted(theirs.keys() ^ mine.keys()) or [n for n in mine if mine[n] != theirs[n]]
+    return differ[0] if differ else None
+
+
+def parameter_differing(optimizers, saved):
+    # What differs between the optimizers' parameters and the checkpoint's, or None. An edit can
+    # keep the weights' names and shapes and still add, drop or move a parameter (an untied head:
+    # lm_head.weight was the token table's other name); each parameter from there on would take
+    # another's state. The groups' parameter names (torch keeps them) are compared; for a
+    # checkpoint or an optimizer without them, each group's number of parameters.
+    groups = [group for opt in optimizers for group in opt.param_groups]
+    saved_groups = [group for opt in saved for group in opt["param_groups"]]
+    if len(groups) != len(saved_groups):
+        return f"{len(saved_groups)} optimizer groups, this run's {len(groups)}"
+    for group, their_group in zip(groups, saved_groups):
+        mine = group.get("param_names")
+        theirs = their_group.get("param_names")
+        if mine is None or theirs is None:
+            mine = group["params"]
+            theirs = their_group["params"]
+            if len(mine) != len(theirs):
+                return f"a group of {len(theirs)} parameters, this run's {len(mine)}"
+            continue
+        differ = sorted(set(mine) ^ set(theirs)) or [a for a, b in zip(mine, theirs) if a != b]
+        if differ:
+            return f"{differ[0]} differs"
+    return None
+
+
+def check_resumable(ckpt, model, optimizers, cfg, data):
+    # Refuse, in one line, a resume whose model, batches or data would not be the checkpoint's;
+    # every other flag of this run applies from the resumed step on. Any model whose config is a
+    # dataclass: its fields that are also the run's (cfg's) are flags.
+    fix = "(a new run from its weights: --init_from)"
+    missing = {"train_config", "optimizers", "loader", "data", "spike_history"} - ckpt.keys()
+    if missing:
+        raise ValueError(f"resume: an older train_gpt2.py wrote it (no {min(missing)}) {fix}")
+    saved = ckpt["train_config"]
+    for name in ("batch_size", "seq_len", "total_batch_size", "shuffle", "seed", "optimizer"):
+        if saved.get(name) != getattr(cfg, name):
+            raise ValueError(f"resume: --{name} was {saved.get(name)} {fix}")
+    # every field of the model's config, one the checkpoint predates at its default (--init_from
+    # would bring the checkpoint's model, not this one: the way on is its flag, or a new run)
+    ours = dataclasses.asdict(model.config)
+    theirs = {f.name: f.default for f in dataclasses.fields(model.config)}
+    theirs.update(ckpt["model_config"])
+    flags = [f.name for f in dataclasses.fields(cfg)]
+    for name, value in theirs.items():
+        if name != "dropout" and ours.get(name) != value:
+            way = f"resume with --{name} {value}, or " if name in flags else ""
+            raise ValueError(
+                f"resume: its model's {name} is {value}, this one's {ours.get(name)}: {way}train"
+                " this model from scratch in a new --log_dir"
+            )
+    # the same config, other weights
+    differ = weight_differing(model, ckpt["model"])
+    if differ:
+        raise ValueError(
+            f"resume: its weights are not this model's ({differ} differs; was the model edited"
+            " since?): a new run goes in a new --log_dir"
+        )
+    # the same weights, other parameters in the optimizers
+    differ = parameter_differing(optimizers, ckpt["optimizers"])
+    if differ:
+        raise ValueError(
+            f"resume: its optimizer state does not fit this model's parameters ({differ}; was the"
+            " model edited since?): a new run from its weights: --init_from CHECKPOINT,"
+            " in a new --log_dir"
+        )
+    # the same parameters, another optimizer (a fork's Lion would take AdamW's moments for its
+    # momentum); a checkpoint before the class was recorded is not known
+    for opt, saved in zip(optimizers, ckpt["optimizers"]):
+        theirs = saved.get("kind")
+        if theirs is not None and theirs != type(opt).__name__:
+            raise ValueError(
+                f"resume: its optimizer state is {theirs}'s, this run's optimizer is"
+                f" {type(opt).__name__} {fix}"
+            )
+    if ckpt["data"] != data:
+        raise ValueError(f"resume: its data (tokenizer, corpus) differs {fix}")
+    # a shuffled run's place in its data counts rows since rows were drawn each on its own (an
+    # older train_gpt2.py's counted windows of B x T: read as rows, the run would go on
+    # elsewhere in the data)
+    if cfg.shuffle and ckpt["loader"].get("order") != "rows":
+        raise ValueError(
+            f"resume: its shuffled data order is an older train_gpt2.py's (windows of B x T) {fix}"
+        )
+    if cfg.max_steps < ckpt["step"]:
+        raise ValueError(f"resume: it is at step {ckpt['step']}, past --max_steps {fix}")
 
 
 # -----------------------------------------------------------------------------

@@ -408,7 +408,7 @@ class GPT(nn.Module):
         model = cls(GPTConfig(dropout=dropout, gelu_approximate=gelu, **shape))
         sd = model.state_dict()
         weights = {k: w.t() if k.endswith(HF_TRANSPOSED) else w for k, w in sd_hf.items()}
-        differ = weight_differing(model, weights)
+        differ = harness.weight_differing(model, weights)
         if differ:
             raise ValueError(
                 f"{name_or_dir}: this edited model cannot take GPT-2's weights ({differ} differs):"
@@ -417,7 +417,7 @@ class GPT(nn.Module):
         with torch.no_grad():
             for k, w in weights.items():
                 sd[k].copy_(w)
-        check_finite(model, name_or_dir)
+        harness.check_finite(model, name_or_dir)
         return model
 
     def configure_optimizers(
@@ -427,7 +427,7 @@ class GPT(nn.Module):
         # muon_lr: [AdamW, Muon], Muon taking the blocks' matrices; its group's lr_scale is
         # muon_lr / learning_rate, so it follows the same schedule at its own peak. Each
         # parameter goes in with its name, which torch keeps in the optimizers' state: a resume
-        # checks them against this model's (check_resumable).
+        # checks them against this model's (harness.check_resumable).
         params = [(n, p) for n, p in self.named_parameters() if p.requires_grad]
         muon = [
             (n, p) for n, p in params if muon_lr and p.dim() == 2 and n.startswith("transformer.h.")
@@ -764,7 +764,7 @@ class DataLoaderLite:
         }
 
     def load_state_dict(self, state):
-        # (check_resumable has checked that the data and its batching are the checkpoint's)
+        # (harness.check_resumable has checked that the data and its batching are the checkpoint's)
         self.epoch = state["epoch"]
         self.pos = state["pos"]
 
@@ -960,10 +960,10 @@ def make_checkpoint(cfg, raw_model, optimizers, train_loader, state, data):
 
 
 def resume(ckpt, cfg, raw_model, optimizers, train_loader, data):
-    # a checkpoint's state restored into this run, checked first (check_resumable); its
+    # a checkpoint's state restored into this run, checked first (harness.check_resumable); its
     # TrainState. The moments and step counts are the checkpoint's, the optimizers'
     # hyper-parameters this run's.
-    check_resumable(ckpt, raw_model, optimizers, cfg, data)
+    harness.check_resumable(ckpt, raw_model, optimizers, cfg, data)
     raw_model.load_state_dict(ckpt["model"])
     for opt, saved in zip(optimizers, ckpt["optimizers"]):
         opt.load_state_dict(
@@ -972,115 +972,6 @@ def resume(ckpt, cfg, raw_model, optimizers, train_loader, data):
     train_loader.load_state_dict(ckpt["loader"])
     fields = [f.name for f in dataclasses.fields(TrainState)]
     return TrainState(**{name: ckpt[name] for name in fields if name in ckpt})
-
-
-def check_finite(model, source):
-    # A model whose run diverged (a NaN or an inf among its weights) computes NaN: HellaSwag's
-    # argmin would pick ending 0, a sample would be one token over and over, an export would
-    # blame its architecture. Every loader (resume, load_model, from_pretrained) refuses it so.
-    # Its parameters only: a buffer may hold -inf on purpose (a fork's attention mask).
-    for name, w in model.named_parameters():
-        if not torch.isfinite(w).all():
-            raise ValueError(
-                f"{source} holds non-finite weights (first: {name}): its run diverged before it"
-                " was saved; use an earlier checkpoint"
-            )
-
-
-def weight_differing(model, state):
-    # The name of the first weight the model and a state dict do not share in name and shape, or
-    # None: a model edited since the checkpoint (RoPE, another MLP, ...) named in one line, not
-    # in load_state_dict's list of every key.
-    theirs = {name: tuple(w.shape) for name, w in state.items()}
-    mine = {name: tuple(w.shape) for name, w in model.state_dict().items()}
-    differ = sorted(theirs.keys() ^ mine.keys()) or [n for n in mine if mine[n] != theirs[n]]
-    return differ[0] if differ else None
-
-
-def parameter_differing(optimizers, saved):
-    # What differs between the optimizers' parameters and the checkpoint's, or None. An edit can
-    # keep the weights' names and shapes and still add, drop or move a parameter (an untied head:
-    # lm_head.weight was the token table's other name); each parameter from there on would take
-    # another's state. The groups' parameter names (torch keeps them) are compared; for a
-    # checkpoint or an optimizer without them, each group's number of parameters.
-    groups = [group for opt in optimizers for group in opt.param_groups]
-    saved_groups = [group for opt in saved for group in opt["param_groups"]]
-    if len(groups) != len(saved_groups):
-        return f"{len(saved_groups)} optimizer groups, this run's {len(groups)}"
-    for group, their_group in zip(groups, saved_groups):
-        mine = group.get("param_names")
-        theirs = their_group.get("param_names")
-        if mine is None or theirs is None:
-            mine = group["params"]
-            theirs = their_group["params"]
-            if len(mine) != len(theirs):
-                return f"a group of {len(theirs)} parameters, this run's {len(mine)}"
-            continue
-        differ = sorted(set(mine) ^ set(theirs)) or [a for a, b in zip(mine, theirs) if a != b]
-        if differ:
-            return f"{differ[0]} differs"
-    return None
-
-
-def check_resumable(ckpt, model, optimizers, cfg, data):
-    # Refuse, in one line, a resume whose model, batches or data would not be the checkpoint's;
-    # every other flag of this run applies from the resumed step on.
-    fix = "(a new run from its weights: --init_from)"
-    missing = {"train_config", "optimizers", "loader", "data", "spike_history"} - ckpt.keys()
-    if missing:
-        raise ValueError(f"resume: an older train_gpt2.py wrote it (no {min(missing)}) {fix}")
-    saved = ckpt["train_config"]
-    for name in ("batch_size", "seq_len", "total_batch_size", "shuffle", "seed", "optimizer"):
-        if saved.get(name) != getattr(cfg, name):
-            raise ValueError(f"resume: --{name} was {saved.get(name)} {fix}")
-    # every field of the model's config, one the checkpoint predates at its default (--init_from
-    # would bring the checkpoint's model, not this one: the way on is its flag, or a new run)
-    ours = dataclasses.asdict(model.config)
-    theirs = {f.name: f.default for f in dataclasses.fields(GPTConfig)}
-    theirs.update(ckpt["model_config"])
-    flags = [f.name for f in dataclasses.fields(ModelConfig)]
-    for name, value in theirs.items():
-        if name != "dropout" and ours.get(name) != value:
-            way = f"resume with --{name} {value}, or " if name in flags else ""
-            raise ValueError(
-                f"resume: its model's {name} is {value}, this one's {ours.get(name)}: {way}train"
-                " this model from scratch in a new --log_dir"
-            )
-    # the same config, other weights
-    differ = weight_differing(model, ckpt["model"])
-    if differ:
-        raise ValueError(
-            f"resume: its weights are not this model's ({differ} differs; was the model edited"
-            " since?): a new run goes in a new --log_dir"
-        )
-    # the same weights, other parameters in the optimizers
-    differ = parameter_differing(optimizers, ckpt["optimizers"])
-    if differ:
-        raise ValueError(
-            f"resume: its optimizer state does not fit this model's parameters ({differ}; was the"
-            " model edited since?): a new run from its weights: --init_from CHECKPOINT,"
-            " in a new --log_dir"
-        )
-    # the same parameters, another optimizer (a fork's Lion would take AdamW's moments for its
-    # momentum); a checkpoint before the class was recorded is not known
-    for opt, saved in zip(optimizers, ckpt["optimizers"]):
-        theirs = saved.get("kind")
-        if theirs is not None and theirs != type(opt).__name__:
-            raise ValueError(
-                f"resume: its optimizer state is {theirs}'s, this run's optimizer is"
-                f" {type(opt).__name__} {fix}"
-            )
-    if ckpt["data"] != data:
-        raise ValueError(f"resume: its data (tokenizer, corpus) differs {fix}")
-    # a shuffled run's place in its data counts rows since rows were drawn each on its own (an
-    # older train_gpt2.py's counted windows of B x T: read as rows, the run would go on
-    # elsewhere in the data)
-    if cfg.shuffle and ckpt["loader"].get("order") != "rows":
-        raise ValueError(
-            f"resume: its shuffled data order is an older train_gpt2.py's (windows of B x T) {fix}"
-        )
-    if cfg.max_steps < ckpt["step"]:
-        raise ValueError(f"resume: it is at step {ckpt['step']}, past --max_steps {fix}")
 
 
 def load_model(source, device="cpu", dropout=None):
@@ -1106,7 +997,7 @@ def load_model(source, device="cpu", dropout=None):
         if dropout is not None:
             fields["dropout"] = dropout
         model = GPT(GPTConfig(**fields))
-        differ = weight_differing(model, ckpt["model"])
+        differ = harness.weight_differing(model, ckpt["model"])
         if differ:
             raise ValueError(
                 f"{source} holds another model than this code builds ({differ} differs; was the"
@@ -1114,7 +1005,7 @@ def load_model(source, device="cpu", dropout=None):
                 " it), or train this model from scratch"
             )
         model.load_state_dict(ckpt["model"])
-        check_finite(model, source)
+        harness.check_finite(model, source)
         enc = fineweb.tokenizer_from_manifest(ckpt["data"]["tokenizer"])
     except (KeyError, TypeError, AttributeError, RuntimeError) as e:
         raise ValueError(f"{source} is not a checkpoint of train_gpt2.py's GPT ({e})") from None
@@ -1214,7 +1105,7 @@ def train(cfg, log=print):
         ckpt = run.resume()
         if ckpt is not None:
             state = resume(ckpt, cfg, raw_model, optimizers, train_loader, data)
-            check_finite(raw_model, run.resumed_from)
+            harness.check_finite(raw_model, run.resumed_from)
         ckpt = None  # (its memory is the model's and optimizers' now)
         start_step = state.step
         # the model as built (--init_from's shape, not the flags'), the data it reads
