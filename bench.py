@@ -66,8 +66,10 @@ from train_gpt2 import (
     evaluate_val_loss,
     sample_texts,
 )
+from train_gpt2 import PRESETS as TRAIN_PRESETS
 
 PROMPT_TOKENS = 16  # of the generation section
+MODEL_FIELDS = ModelConfig.__dataclass_fields__  # n_layer, ..., bias: a preset's model
 GEN_REPEATS = 3  # timed runs of each way to generate (the median)
 # common words, one GPT-2 token each: HellaSwag-shaped text of known lengths
 WORDS = "the of and to in is was for on that with as by at from his her he she it they we".split()
@@ -88,13 +90,9 @@ PRESETS = {
         val_batches=20,
         hellaswag=1256,
     ),
-    # train_gpt2.py's shakespeare_char recipe (65 characters; nanoGPT's choices of biases and GELU)
+    # train_gpt2.py's shakespeare_char recipe: its model (65 characters)
     "shakespeare_char": dict(
-        n_layer=4,
-        n_head=4,
-        n_embd=128,
-        bias=False,
-        gelu_approximate="none",
+        **{k: v for k, v in TRAIN_PRESETS["shakespeare_char"].items() if k in MODEL_FIELDS},
         vocab_size=65,
         seq_len=64,
         batch_sizes=[12, 48],
@@ -548,7 +546,7 @@ def run(args):
         if getattr(args, key) is None:
             setattr(args, key, preset[key])
     # the preset's model fields (n_layer, ...), the rest GPTConfig's defaults (GPT-2's)
-    shape = {k: v for k, v in preset.items() if k in ModelConfig.__dataclass_fields__}
+    shape = {k: v for k, v in preset.items() if k in MODEL_FIELDS}
     config = GPTConfig(block_size=args.seq_len, vocab_size=preset["vocab_size"], **shape)
     # auto: compiled on CUDA
     if args.compile == "auto":

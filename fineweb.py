@@ -551,7 +551,10 @@ def run(args, pool, state, stop, wait):
     # downloads go where --download_dir means now, never into a run's log_dir or a corpus
     if args.download_dir:
         args.download_dir = resolved(args.download_dir)
+        # (a new --out_dir is not a corpus yet: its own .fineweb/ comes later)
         owner = claimed_by(args.download_dir)
+        if args.download_dir == out_dir or out_dir in args.download_dir.parents:
+            owner = f"the corpus {out_dir}"
         if owner:
             raise CorpusError(
                 f"--download_dir {args.download_dir} is inside {owner}: pick a directory outside it"
@@ -1190,7 +1193,9 @@ def write_atomic(path, write, unique=False):
         path.parent.mkdir(parents=True, exist_ok=True)
         if unique:
             remove_stale_temps(path)
-        with open(tmp, "wb") as f:
+        # a new file of its own: never written through a link left at the temporary's name
+        tmp.unlink(missing_ok=True)
+        with open(tmp, "xb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
@@ -1280,9 +1285,14 @@ class NoLocks(OSError):
 # killed holder leaves no stale lock. Held by another: BlockingIOError (with wait: waited for).
 # NoLocks where the filesystem has none. A FIFO or a device there is never opened.
 def take_lock(path, shared=False, wait=False):
+    # Its holder writes its pid into it: never through a link, which would take that into
+    # another file (O_NOFOLLOW fails on a link made meanwhile too)
+    if os.path.islink(path):
+        raise ValueError(f"{path} is a link; remove it (a lock file has its name)")
     if os.path.lexists(path) and file_problem(path):
         raise ValueError(f"{file_problem(path)}; remove it (a lock file has its name)")
-    lock = open(path, "a+")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    lock = os.fdopen(fd, "a+")
     mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
     try:
         fcntl.flock(lock, mode if wait else mode | fcntl.LOCK_NB)

@@ -1625,11 +1625,12 @@ def compare(log_dirs, out, as_json, warn=None, named=()):
         fineweb.say(f"wrote {out}")
 
 
-def check_out(out, log_dirs):
+def check_out(out, log_dirs, comparing):
     """--out resolved once (the picture goes there, whatever a link on its path comes to mean
     meanwhile), or an error that says what to give instead: not a .png; a file there that is not
-    a PNG; in no directory; in a training run's log_dir or a corpus, but the one run drawn's; or,
-    comparing runs, in any of their log_dirs (each holds that run's files only)."""
+    a PNG; in no directory; in a training run's log_dir or a corpus, but the one
+    run drawn's; or, comparing runs, in any of their log_dirs (each holds that run's files only).
+    log_dirs: resolved."""
     out = fineweb.resolved(out)
     # a PNG, never another file (a run's log.txt) written over
     if out.suffix.lower() != ".png":
@@ -1640,13 +1641,11 @@ def check_out(out, log_dirs):
     if not out.parent.is_dir():
         raise ValueError(f"--out {out}: there is no directory {out.parent}: make it first")
     above = fineweb.claimed_by(out.parent)
-    drawn = len(log_dirs) == 1 and out.parent.resolve() == Path(log_dirs[0]).resolve()
+    drawn = not comparing and out.parent == log_dirs[0]
     if above and not drawn:
         raise ValueError(f"--out {out} is inside {above}: give a .png outside it")
-    if len(log_dirs) == 1:
-        return out
-    for log_dir in log_dirs:
-        if out.parent.resolve().is_relative_to(Path(log_dir).resolve()):
+    for log_dir in log_dirs if comparing else []:
+        if out.parent.is_relative_to(log_dir):
             raise ValueError(
                 f"--out {out} is in {log_dir}, a run's log_dir: give --out a .png outside"
                 " the runs' log_dirs"
@@ -1738,13 +1737,17 @@ def main(argv=None):
 
     try:
         check_once(log_dirs)
+        # every log_dir resolved once: read where it is now, whatever a link on its path comes to
+        # mean while the runs are read (a "latest" pointer moved)
+        args.log_dirs = [fineweb.resolved(log_dir) for log_dir in args.log_dirs]
+        args.arm = [[arm[0], *map(fineweb.resolved, arm[1:])] for arm in args.arm]
+        log_dirs = args.log_dirs + [log_dir for arm in args.arm for log_dir in arm[1:]]
         if out is not None:
-            out = check_out(out, log_dirs)
+            out = check_out(out, log_dirs, comparing)
         if comparing:
             compare(args.log_dirs, out, args.json, warn, args.arm)
         else:
-            # read and drawn where the log_dir is now, whatever a link on its path comes to mean
-            out = write_curves(fineweb.resolved(args.log_dirs[0]), out, warn=warn)
+            out = write_curves(args.log_dirs[0], out, warn=warn)
             fineweb.say(f"wrote {out}")
     except (OSError, ValueError, ImportError) as e:
         sys.exit(f"plot.py: error: {e}")

@@ -24,8 +24,9 @@ steps); ours writes model_{iters}.pt. ms/iter is the median interval between a r
 consecutive step lines as they reach this script: the same clock for both, the whole loop.
 
 First, the bare training step of each model on one thread (forward, backward, clipping, AdamW;
-float32, the same random batch), interleaved: ours, nanoGPT's GPT as train.py builds it (no
-biases) and with biases (GPT-2's layout, as ours).
+float32, the same random batch), in rounds that each model takes a turn in: ours as the preset
+builds it (nanoGPT's choices: no biases, the exact GELU), ours as GPT-2 (biases, the tanh GELU),
+nanoGPT's GPT as its train.py builds it (no biases) and with biases. A ratio is paired by round.
 """
 
 import argparse
@@ -321,11 +322,16 @@ def main():
     if not (nanogpt / "train.py").is_file() or not (nanogpt / "model.py").is_file():
         parser.error(f"--nanogpt {args.nanogpt}: no train.py and model.py there")
     out = Path(args.out).resolve()
-    if out.exists() and any(out.iterdir()) and not args.step_only:
+    # (--step_only writes nothing)
+    if out.exists() and not out.is_dir() and not args.step_only:
+        parser.error(f"--out {args.out} is a file: pass a new directory")
+    if out.is_dir() and any(out.iterdir()) and not args.step_only:
         parser.error(f"--out {args.out} holds files already: pass a new directory")
     owner = fineweb.claimed_by(out)
-    if owner:
+    if owner and not args.step_only:
         parser.error(f"--out {args.out} is inside {owner}: pass a directory outside it")
+    if out.is_relative_to(nanogpt) and not args.step_only:
+        parser.error(f"--out {args.out} is inside --nanogpt: nothing is written into the checkout")
     if args.iters < 1 or args.seeds < 1:
         parser.error("--iters and --seeds must be at least 1")
 

@@ -38,6 +38,7 @@ from conftest import (
 )
 
 import fineweb
+import harness
 
 EOT = 50256
 WORDS = (
@@ -617,6 +618,31 @@ def test_what_is_not_a_regular_file_is_never_opened(tmp_path, finished, capsys, 
     run_main(*args)
     assert message in capsys.readouterr().out
     assert files_of(out) == files_of(finished)
+
+
+def test_a_lock_or_a_temporary_that_is_a_link_writes_into_no_other_file(tmp_path):
+    # a lock's holder writes its pid into it, a write_atomic its bytes into the temporary: a
+    # link at either name would take them into the file it points to
+    mine = tmp_path / "mine.txt"
+    mine.write_text("my notes")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".lock").symlink_to(mine)
+    a = write_txt(tmp_path / "a.txt", make_docs(5))
+    error = main_error(fineweb.main, ["--local", a, "--out_dir", out])
+    assert (
+        error
+        == f"fineweb.py: error: {out / '.lock'} is a link; remove it (a lock file has its name)"
+    )
+    log_dir = tmp_path / "log"
+    log_dir.mkdir()
+    (log_dir / ".lock").symlink_to(mine)
+    with pytest.raises(ValueError, match="is a link; remove it"):
+        harness.lock_log_dir(log_dir, print)
+    (out / ".record.json.tmp").symlink_to(mine)
+    fineweb.write_atomic(out / "record.json", lambda f: f.write(b"{}"))
+    assert (out / "record.json").read_bytes() == b"{}"
+    assert mine.read_text() == "my notes" and not (out / ".record.json.tmp").exists()
 
 
 # -----------------------------------------------------------------------------
@@ -1227,8 +1253,9 @@ def test_out_dir_is_fineweb_pys_own(tmp_path, out, message):
     assert sorted(tmp_path.rglob("*")) == sorted(before + [a])
 
 
-@pytest.mark.parametrize("inside", ["run/dl", "corpus/dl"])
+@pytest.mark.parametrize("inside", ["run/dl", "corpus/dl", "out/dl"])
 def test_downloads_go_into_no_run_or_corpus(tmp_path, inside):
+    # (out: the corpus this run makes, new)
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "runs.jsonl").write_text("{}\n")
     (tmp_path / "corpus" / ".fineweb").mkdir(parents=True)

@@ -987,6 +987,11 @@ def test_a_failed_write_names_its_file(tmp_path, monkeypatch):
         (["run", "--out", "other/c.png"], "--out other/c.png is inside the run in "),
         (["run", "run2", "--out", "corpus/c.png"], "--out corpus/c.png is inside the corpus "),
         (["run", "--arm", "a", "run2", "./run"], "./run is given twice: give each run once"),
+        # a comparison of one run writes into no log_dir either
+        (
+            ["--arm", "a", "run", "--out", "run/c.png"],
+            "--out run/c.png is in run, a run's log_dir: give --out",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, monkeypatch, args, message):
