@@ -1291,7 +1291,7 @@ def take_lock(path, shared=False, wait=False):
         raise ValueError(f"{path} is a link; remove it (a lock file has its name)")
     if os.path.lexists(path) and file_problem(path):
         raise ValueError(f"{file_problem(path)}; remove it (a lock file has its name)")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     lock = os.fdopen(fd, "a+")
     mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
     try:
