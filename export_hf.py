@@ -39,7 +39,8 @@ logits, other modules) is refused in one line. Only then is it
 renamed to OUT_DIR; an existing non-empty OUT_DIR is never touched.
 An error or Ctrl-C removes the temporary directory; a run killed
 outright (SIGTERM, kill -9) leaves it, and the next export to that
-OUT_DIR removes it before it starts.
+OUT_DIR removes it before it starts (known by a mark inside it: a
+directory of that name without it is refused, never deleted).
 """
 
 import argparse
@@ -188,13 +189,21 @@ def check_export(model, enc, out):
         raise ValueError("the exported tokenizer gives other ids than ours")
 
 
-def remove(tmp):
-    # the temporary directory (gone once renamed); a file or a link by its name: only the name.
-    # Nothing there (exists() is False too where a parent is a file) is nothing to do.
-    if tmp.is_dir() and not tmp.is_symlink():
-        shutil.rmtree(tmp)
-    elif tmp.exists() or tmp.is_symlink():
-        tmp.unlink()
+# in an export's temporary directory from its start until just before the rename: what a killed
+# export leaves is known as ours by it
+MARK = ".export_hf"
+
+
+def remove_killed(tmp):
+    # What a killed export to the same OUT_DIR left at tmp, removed; anything else there is not
+    # this program's to delete: a ValueError. Nothing there is nothing to do.
+    if not os.path.lexists(tmp):
+        return
+    if tmp.is_symlink() or not (tmp / MARK).is_file():
+        raise ValueError(
+            f"{tmp} is in the way and is not export_hf.py's: move it, or pick another OUT_DIR"
+        )
+    shutil.rmtree(tmp)
 
 
 # Write checkpoint_path (a model_*.pt of train_gpt2.py) as a Hugging Face
@@ -215,11 +224,16 @@ def export_hf(checkpoint_path, out_dir):
     tokenizer = (char_tokenizer if chars else gpt2_tokenizer)(enc, model.config.block_size)
     # one name for every export to out: what a killed run left there is removed first
     tmp = out.with_name(f".{out.name}.tmp")
+    remove_killed(tmp)
+    made = False
     try:
-        remove(tmp)
+        tmp.mkdir()
+        made = True
+        (tmp / MARK).touch()
         hf_model(model, enc.n_vocab, enc.eot_token).save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         check_export(model, enc, tmp)
+        (tmp / MARK).unlink()
         # on disk before the rename makes it visible
         for path in tmp.iterdir():
             with open(path, "rb") as f:
@@ -231,7 +245,9 @@ def export_hf(checkpoint_path, out_dir):
         # (the error's own text may name the temporary directory: the user knows OUT_DIR)
         raise OSError(f"cannot write {out}: {getattr(e, 'strerror', None) or e}") from None
     finally:
-        remove(tmp)
+        # (gone once renamed)
+        if made and tmp.is_dir():
+            shutil.rmtree(tmp)
     return out
 
 

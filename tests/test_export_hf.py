@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from conftest import (
     finish,
+    main_error,
     no_position_table,
     one_line_error,
     run_main,
@@ -203,6 +204,15 @@ def test_a_killed_export_leaves_a_temporary_that_the_next_removes(trained, tmp_p
     assert returncode == 0 and err == "", err[-2000:]
     assert [p.name for p in tmp_path.iterdir()] == ["hf"]
     assert {p.name for p in out.iterdir()} == GPT2_FILES
+    # a directory of that name that no export made is the user's: refused, kept
+    mine = tmp_path / ".hf2.tmp"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    message = main_error(export_hf.main, [trained, tmp_path / "hf2"])
+    assert message.startswith(
+        f"export_hf.py: error: {mine} is in the way and is not export_hf.py's"
+    )
+    assert (mine / "notes.txt").read_text() == "keep me" and not (tmp_path / "hf2").exists()
 
 
 @pytest.mark.gpt2_contract
@@ -521,6 +531,7 @@ def test_bad_input_is_one_line(tmp_path, capsys, monkeypatch, name):
         edit(monkeypatch)
         # what a killed export to the same OUT_DIR left: removed by this one before it writes
         (tmp_path / ".out.tmp").mkdir()
+        (tmp_path / ".out.tmp" / export_hf.MARK).touch()
         (tmp_path / ".out.tmp" / "model.safetensors").write_bytes(b"torn")
     make_inputs(tmp_path)
     before = sorted(p.name for p in tmp_path.iterdir() if p.name != ".out.tmp")
